@@ -1,0 +1,62 @@
+"""Loading models through the ordinary ``from_pretrained`` path, with errors a person can act on."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from .chat_format import prepare_model_and_tokenizer
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message is one line and names what to fix."""
+
+
+def resolve_device(setting: str = "auto") -> torch.device:
+    """``auto`` picks CUDA when available, else CPU. ``cuda`` without a GPU is an error."""
+    setting = (setting or "auto").lower()
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if setting.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"RLHF_DEVICE={setting!r} but no CUDA device is available; use auto or cpu")
+    return torch.device(setting)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def load_causal_lm(source: str | Path, device: torch.device | str = "cpu", setting: str = "model",
+                   dtype: torch.dtype | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) from a hub id or a directory, in eval mode on ``device``.
+
+    ``setting`` names where ``source`` came from, so the error tells the operator what to fix.
+    """
+    looks_local = str(source).startswith(("/", ".", "~")) or Path(str(source)).exists()
+    if looks_local and not Path(str(source)).expanduser().is_dir():
+        raise ModelLoadError(f"{setting}={str(source)!r} could not be loaded: no such directory")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(source))
+        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype or torch.float32)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        hint = "" if Path(str(source)).exists() else " (not a local directory; hub ids need internet access)"
+        raise ModelLoadError(f"{setting}={str(source)!r} could not be loaded{hint}: {_one_line(exc)}") from exc
+    prepare_model_and_tokenizer(model, tokenizer)
+    model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def import_pretrained(source: str, out_dir: str | Path, setting: str = "RLHF_BASE_MODEL") -> dict:
+    """Copy a hub/local model into the store as a chat- and PPO-ready version: adds a pad token
+    distinct from EOS (resizing embeddings), left padding and a chat template when missing."""
+    model, tokenizer = load_causal_lm(source, "cpu", setting=setting)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return {"source": source, "parameters": sum(p.numel() for p in model.parameters())}

@@ -1,0 +1,127 @@
+"""Shared fixtures: apps on temporary instance folders, micro and default embedded models."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the hub
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
+# Built models are cached between test sessions (keyed by their spec) to keep local runs fast.
+MODEL_CACHE = Path(os.environ.get("RLHF_TEST_MODEL_CACHE", ROOT / ".cache" / "test-models"))
+
+# Settings from the developer's shell must not leak into tests.
+_ENV_KEYS = ("RLHF_INSTANCE_DIR", "DATABASE_URL", "RLHF_SECRET_KEY", "RLHF_BASE_MODEL", "RLHF_DEVICE",
+             "RLHF_EMBEDDED_PRESET", "RLHF_AUTO_INIT_MODEL", "RLHF_SCHEDULER")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for key in _ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+
+
+def cached_model(preset: str) -> Path:
+    """Build (once per spec) the embedded model of ``preset`` and return its directory."""
+    from rlhf.embedded import build_embedded_model, spec_for
+
+    spec = spec_for(preset)
+    key = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:12]
+    target = MODEL_CACHE / f"{preset}-{key}"
+    if not (target / "config.json").is_file():
+        tmp = MODEL_CACHE / f".tmp-{preset}-{key}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        metrics = build_embedded_model(tmp, spec)
+        (tmp / "build_metrics.json").write_text(json.dumps(metrics))
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(tmp, target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def micro_model_dir() -> Path:
+    return cached_model("micro")
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The real embedded model (about two minutes to build on 2 cores, once)."""
+    return cached_model("default")
+
+
+def make_app(instance: Path, **overrides):
+    from webapp import create_app
+
+    config = {"INSTANCE_DIR": str(instance), "TESTING": True, "RLHF_EMBEDDED_PRESET": "micro",
+              "RLHF_AUTO_INIT_MODEL": False}
+    config.update(overrides)
+    return create_app(config)
+
+
+def register_model(app, model_dir: Path, name: str = "v1-base", status: str = "active"):
+    """Register an already built model directory as a version (copied into the store)."""
+    from rlhf import registry
+    from webapp.extensions import db
+    from webapp.models import ModelVersion
+
+    with app.app_context():
+        name, path, _ = registry.write_version(
+            app.config["MODEL_STORE"], "base", lambda tmp: shutil.copytree(model_dir, tmp, dirs_exist_ok=True)
+            and None, name=name)
+        version = ModelVersion(name=name, path=str(path), kind="base", status=status)
+        db.session.add(version)
+        db.session.commit()
+        return version.id
+
+
+@pytest.fixture
+def app(tmp_path, micro_model_dir):
+    """An app on a fresh instance folder whose active version is the micro model."""
+    application = make_app(tmp_path / "instance")
+    register_model(application, micro_model_dir)
+    yield application
+    from webapp.extensions import db
+    with application.app_context():
+        db.session.remove()
+        db.engine.dispose()
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def api(client):
+    """A test client that has a session and sends its CSRF token on every state change."""
+    return ApiClient(client)
+
+
+class ApiClient:
+    def __init__(self, client):
+        self.client = client
+        data = client.get("/api/session").get_json()
+        self.user_id = data["user_id"]
+        self.csrf = data["csrf_token"]
+
+    def get(self, url, **kw):
+        return self.client.get(url, **kw)
+
+    def _send(self, method, url, json=None, **kw):
+        headers = {"X-CSRFToken": self.csrf, **kw.pop("headers", {})}
+        return getattr(self.client, method)(url, json=json, headers=headers, **kw)
+
+    def post(self, url, json=None, **kw):
+        return self._send("post", url, json, **kw)
+
+    def delete(self, url, **kw):
+        return self._send("delete", url, None, **kw)

@@ -1,0 +1,41 @@
+"""The Flask layer: HTTP API, pages, CLI, scheduler wiring and A/B routing.
+
+``create_app(config=None)`` is the app factory; ``flask --app webapp <command>`` finds it.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from flask import Flask  # noqa: E402
+
+from .config import ROOT, build_config  # noqa: E402
+
+
+def create_app(config: dict[str, Any] | None = None) -> Flask:
+    """Build the app. ``config`` overrides every other source (see webapp/config.py)."""
+    cfg = build_config(config)
+    app = Flask(__name__, instance_path=cfg["INSTANCE_DIR"], template_folder=str(ROOT / "templates"),
+                static_folder=str(ROOT / "static"))
+    app.config.update(cfg)
+
+    from .database import create_schema, init_database
+    from .extensions import csrf, login_manager
+
+    init_database(app)
+    csrf.init_app(app)
+    login_manager.init_app(app)
+
+    from . import auth, cli, errors
+    from .api import session as session_api
+
+    auth.init_app(app)
+    errors.init_app(app)
+    app.register_blueprint(session_api.bp)
+    cli.init_app(app)
+
+    with app.app_context():
+        create_schema()
+    return app

@@ -1,0 +1,1 @@
+"""JSON API blueprints (see DESIGN.md "HTTP contract")."""

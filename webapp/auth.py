@@ -1,0 +1,44 @@
+"""Who is calling: anonymous visitors by a signed session cookie, admins through Flask-Login."""
+from __future__ import annotations
+
+import secrets
+
+from flask import Flask, session
+from flask_login import current_user
+
+from .extensions import db, login_manager
+from .models import User
+
+
+def init_app(app: Flask) -> None:
+    @login_manager.user_loader
+    def load_user(user_id: str) -> User | None:
+        if not user_id.isdigit():
+            return None
+        user = db.session.get(User, int(user_id))
+        return user if user is not None and user.is_admin else None
+
+
+def current_visitor(create: bool = True) -> User | None:
+    """The caller as a ``users`` row: the logged-in admin, else the anonymous visitor named by
+    the signed cookie (created on first use when ``create``)."""
+    if current_user.is_authenticated:
+        return current_user._get_current_object()
+    anon_id = session.get("anon_id")
+    if anon_id:
+        user = db.session.scalars(db.select(User).filter_by(anon_id=anon_id)).first()
+        if user is not None:
+            return user
+    if not create:
+        return None
+    anon_id = secrets.token_urlsafe(24)
+    user = User(anon_id=anon_id)
+    db.session.add(user)
+    db.session.commit()
+    session["anon_id"] = anon_id
+    session.permanent = True
+    return user
+
+
+def is_admin() -> bool:
+    return bool(current_user.is_authenticated and current_user.is_admin)

@@ -1,0 +1,73 @@
+"""First-start set-up: the base model version. Tables are created by ``create_app`` itself.
+
+Several processes (gunicorn workers, the CLI) may start at once on a fresh instance, so the
+build runs under an exclusive file lock in the instance folder; the others wait and reuse it.
+"""
+from __future__ import annotations
+
+import fcntl
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from flask import current_app
+
+from rlhf import registry
+from rlhf.embedded import build_embedded_model, spec_for
+from rlhf.loading import import_pretrained
+from rlhf.progress import ProgressFn
+
+from .extensions import db
+from .models import ModelVersion
+
+
+@contextmanager
+def instance_lock(name: str) -> Iterator[None]:
+    path = Path(current_app.config["INSTANCE_DIR"]) / f"{name}.lock"
+    with open(path, "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def active_version() -> ModelVersion | None:
+    return db.session.scalars(db.select(ModelVersion).filter_by(status="active")
+                              .order_by(ModelVersion.id.desc())).first()
+
+
+def _noop(stage: str, done: int, total: int) -> None:
+    pass
+
+
+def ensure_base_version(progress: ProgressFn = _noop, force: bool = False) -> tuple[ModelVersion, bool]:
+    """The active model version, building/importing the base model first if there is none
+    (or if ``force``). Returns (version, created)."""
+    with instance_lock("init-model"):
+        db.session.expire_all()  # another process may have finished the build while we waited
+        current = active_version()
+        if current is not None and not force and registry.is_complete(current.path):
+            return current, False
+
+        cfg = current_app.config
+        source = str(cfg["RLHF_BASE_MODEL"]).strip()
+        store = cfg["MODEL_STORE"]
+        registry.remove_stale_temporaries(store)
+        if source == "embedded":
+            spec = spec_for(cfg["RLHF_EMBEDDED_PRESET"])
+            name, path, metrics = registry.write_version(
+                store, "base", lambda tmp: build_embedded_model(tmp, spec, progress),
+                lineage={"parent": None, "source": "embedded", "preset": cfg["RLHF_EMBEDDED_PRESET"]})
+        else:
+            name, path, metrics = registry.write_version(
+                store, "base", lambda tmp: import_pretrained(source, tmp),
+                lineage={"parent": None, "source": source})
+
+        version = ModelVersion(name=name, path=str(path), kind="base", status="active", metrics=metrics,
+                               config={"source": source, "preset": cfg["RLHF_EMBEDDED_PRESET"]})
+        if current is not None:
+            current.status = "retired"  # --force replaces the active base model
+        db.session.add(version)
+        db.session.commit()
+        return version, True

@@ -1,0 +1,141 @@
+"""Configuration: defaults < instance/config.py < environment variables < create_app(config).
+
+Environment variables are the deployment interface (see README "Configuration"); each maps
+to one config key below. Values from the environment are strings and are converted to the
+type of the default.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+import click
+
+ROOT = Path(__file__).resolve().parent.parent
+
+DEFAULTS: dict[str, Any] = {
+    # Database: any SQLAlchemy URL; default is SQLite in the instance folder.
+    "SQLALCHEMY_DATABASE_URI": None,
+    "SQLITE_BUSY_TIMEOUT_MS": 15000,
+    # Models. "embedded" builds the project's own small GPT-2 (no internet needed); anything
+    # else is a Hugging Face hub id or a local directory passed to from_pretrained.
+    "RLHF_BASE_MODEL": "embedded",
+    "RLHF_EMBEDDED_PRESET": "default",  # "micro" builds in seconds (tests)
+    "RLHF_DEVICE": "auto",  # auto | cpu | cuda
+    # Build the base model on first start when no active version exists.
+    "RLHF_AUTO_INIT_MODEL": True,
+    # Generation limits.
+    "RLHF_MAX_NEW_TOKENS": 80,
+    "RLHF_TEMPERATURE": 0.8,
+    "RLHF_TOP_P": 0.95,
+    "RLHF_MAX_MESSAGE_CHARS": 4000,
+    # Scheduler / continuous learning.
+    "RLHF_SCHEDULER": False,
+    "RLHF_RETRAIN_INTERVAL_MINUTES": 60,
+    "RLHF_RETRAIN_MIN_FEEDBACK": 50,
+    # Cookies.
+    "SESSION_COOKIE_HTTPONLY": True,
+    "SESSION_COOKIE_SAMESITE": "Lax",
+    "SESSION_COOKIE_SECURE": False,
+    "WTF_CSRF_TIME_LIMIT": None,  # the token lives as long as the session
+    "JSON_SORT_KEYS": False,
+}
+
+# Environment variable -> config key.
+ENV_VARS: dict[str, str] = {
+    "DATABASE_URL": "SQLALCHEMY_DATABASE_URI",
+    "RLHF_SECRET_KEY": "SECRET_KEY",
+    "RLHF_BASE_MODEL": "RLHF_BASE_MODEL",
+    "RLHF_EMBEDDED_PRESET": "RLHF_EMBEDDED_PRESET",
+    "RLHF_DEVICE": "RLHF_DEVICE",
+    "RLHF_AUTO_INIT_MODEL": "RLHF_AUTO_INIT_MODEL",
+    "RLHF_MAX_NEW_TOKENS": "RLHF_MAX_NEW_TOKENS",
+    "RLHF_TEMPERATURE": "RLHF_TEMPERATURE",
+    "RLHF_TOP_P": "RLHF_TOP_P",
+    "RLHF_SCHEDULER": "RLHF_SCHEDULER",
+    "RLHF_RETRAIN_INTERVAL_MINUTES": "RLHF_RETRAIN_INTERVAL_MINUTES",
+    "RLHF_RETRAIN_MIN_FEEDBACK": "RLHF_RETRAIN_MIN_FEEDBACK",
+    "RLHF_COOKIE_SECURE": "SESSION_COOKIE_SECURE",
+}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class ConfigError(click.ClickException, ValueError):
+    """A setting has a value the app cannot use; the message names the setting.
+
+    Being a ClickException, it ends any ``flask`` command with a one-line "Error: ..." and
+    exit code 1 instead of a traceback.
+    """
+
+
+def _convert(name: str, raw: str, default: Any) -> Any:
+    if isinstance(default, bool):
+        low = raw.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ConfigError(f"{name}={raw!r} is not a boolean (use 1/0, true/false)")
+    try:
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a {type(default).__name__}") from None
+    return raw
+
+
+def instance_dir(overrides: dict[str, Any] | None = None) -> Path:
+    """The instance folder: create_app(config) > $RLHF_INSTANCE_DIR > <repo>/instance."""
+    raw = (overrides or {}).get("INSTANCE_DIR") or os.environ.get("RLHF_INSTANCE_DIR") or ROOT / "instance"
+    return Path(raw).expanduser().resolve()
+
+
+def load_instance_file(path: Path) -> dict[str, Any]:
+    """Upper-case names from ``instance/config.py`` (plain Python, like Flask's from_pyfile)."""
+    if not path.is_file():
+        return {}
+    namespace: dict[str, Any] = {"__file__": str(path)}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)  # noqa: S102 - operator-owned file
+    return {k: v for k, v in namespace.items() if k.isupper()}
+
+
+def secret_key(folder: Path) -> str:
+    """The instance's secret key, generated once (0600) and reused on every start."""
+    path = folder / "secret_key"
+    if path.is_file():
+        key = path.read_text().strip()
+        if key:
+            return key
+    key = secrets.token_hex(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key)
+    return key
+
+
+def build_config(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Resolve every setting in precedence order. Creates the instance folder if needed."""
+    overrides = dict(overrides or {})
+    folder = instance_dir(overrides)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg: dict[str, Any] = dict(DEFAULTS)
+    cfg.update(load_instance_file(folder / "config.py"))
+    for env_name, key in ENV_VARS.items():
+        if env_name in os.environ:
+            cfg[key] = _convert(env_name, os.environ[env_name], DEFAULTS.get(key, ""))
+    cfg.update(overrides)
+    cfg["INSTANCE_DIR"] = str(folder)
+    cfg.setdefault("MODEL_STORE", str(folder / "models"))
+    if not cfg.get("SQLALCHEMY_DATABASE_URI"):
+        cfg["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{folder / 'rlhf.db'}"
+    if not cfg.get("SECRET_KEY"):
+        cfg["SECRET_KEY"] = secret_key(folder)
+    if cfg["RLHF_DEVICE"] not in ("auto", "cpu", "cuda") and not str(cfg["RLHF_DEVICE"]).startswith("cuda:"):
+        raise ConfigError(f"RLHF_DEVICE={cfg['RLHF_DEVICE']!r} must be auto, cpu or cuda")
+    return cfg

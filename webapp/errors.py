@@ -1,0 +1,46 @@
+"""Errors as JSON ``{"error": "..."}`` for the API, readable pages elsewhere; never a bare 500
+page for bad user input."""
+from __future__ import annotations
+
+from flask import Flask, jsonify, make_response, render_template_string, request
+from flask_wtf.csrf import CSRFError
+from werkzeug.exceptions import HTTPException
+
+_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{{ code }} {{ name }}</title>
+<link rel="stylesheet" href="{{ url_for('static', filename='css/app.css') }}"></head>
+<body class="error-page"><main><h1>{{ code }} {{ name }}</h1><p>{{ message }}</p>
+<p><a href="{{ url_for('index') if 'index' in view_functions else '/' }}">Back to the chat</a></p></main></body></html>"""
+
+
+def wants_json() -> bool:
+    return request.path.startswith("/api/") or request.accept_mimetypes.best == "application/json"
+
+
+def error_response(code: int, message: str, name: str = "Error"):
+    if wants_json():
+        return jsonify(error=message), code
+    from flask import current_app
+    return render_template_string(_PAGE, code=code, name=name, message=message,
+                                  view_functions=current_app.view_functions), code
+
+
+def init_app(app: Flask) -> None:
+    @app.errorhandler(CSRFError)
+    def csrf_error(exc: CSRFError):
+        return error_response(400, f"CSRF token missing or invalid: {exc.description} "
+                                   "Fetch one from GET /api/session and send it in the X-CSRFToken header.",
+                              "Bad Request")
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException):
+        body, code = error_response(exc.code or 500, exc.description or exc.name, exc.name)
+        response = make_response(body, code)
+        for key, value in exc.get_headers():  # keep Allow, Retry-After, WWW-Authenticate...
+            if key.lower() != "content-type":
+                response.headers[key] = value
+        return response
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception):
+        app.logger.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "Internal error; it has been logged.", "Internal Server Error")
