@@ -28,12 +28,15 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     csrf.init_app(app)
     login_manager.init_app(app)
 
-    from . import auth, cli, errors
+    from . import auth, cli, errors, pages
+    from .api import chat as chat_api
     from .api import session as session_api
 
     auth.init_app(app)
     errors.init_app(app)
     app.register_blueprint(session_api.bp)
+    app.register_blueprint(chat_api.bp)
+    app.register_blueprint(pages.bp)
     cli.init_app(app)
 
     with app.app_context():

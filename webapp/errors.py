@@ -9,7 +9,7 @@ from werkzeug.exceptions import HTTPException
 _PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{{ code }} {{ name }}</title>
 <link rel="stylesheet" href="{{ url_for('static', filename='css/app.css') }}"></head>
 <body class="error-page"><main><h1>{{ code }} {{ name }}</h1><p>{{ message }}</p>
-<p><a href="{{ url_for('index') if 'index' in view_functions else '/' }}">Back to the chat</a></p></main></body></html>"""
+<p><a href="/">Back to the chat</a></p></main></body></html>"""
 
 
 def wants_json() -> bool:
@@ -19,9 +19,7 @@ def wants_json() -> bool:
 def error_response(code: int, message: str, name: str = "Error"):
     if wants_json():
         return jsonify(error=message), code
-    from flask import current_app
-    return render_template_string(_PAGE, code=code, name=name, message=message,
-                                  view_functions=current_app.view_functions), code
+    return render_template_string(_PAGE, code=code, name=name, message=message), code
 
 
 def init_app(app: Flask) -> None:

@@ -1,0 +1,59 @@
+"""Start the real production server (``flask --app webapp serve``) in a child process."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, instance: Path, env: dict[str, str] | None = None, timeout: float = 120.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(instance) / "server.log"
+        Path(instance).mkdir(parents=True, exist_ok=True)
+        full_env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance), "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "flask", "--app", "webapp", "serve", "--port", str(self.port)],
+            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
+        self._wait(timeout)
+
+    def _wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if requests.get(self.url + "/api/health", timeout=2).ok:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise TimeoutError(f"server did not come up in {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()

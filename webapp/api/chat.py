@@ -1,0 +1,369 @@
+"""Conversations, messages (streamed answers), regenerate, feedback and side-by-side compare.
+
+Callers only ever see their own conversations: anything else is a 404, exactly as if it did
+not exist. Generation happens before anything is written where possible, and a failed
+generation removes what the request wrote, so no half-finished exchange is ever stored.
+"""
+from __future__ import annotations
+
+import json
+import random
+from typing import Any, Iterator
+
+from flask import Blueprint, Response, current_app, jsonify, stream_with_context
+from werkzeug.exceptions import BadRequest, NotFound
+
+from rlhf.generation import GenerationResult, generate_chat, stream_chat
+
+from ..auth import current_visitor
+from ..extensions import db
+from ..models import Comparison, Conversation, Feedback, Message, User, iso, utcnow
+from ..serving import Route, generation_settings, load, route_for
+from ..validation import (MAX_TITLE_CHARS, bool_field, feedback_changes, json_body, message_content, optional_id,
+                          text_field)
+
+bp = Blueprint("chat_api", __name__, url_prefix="/api")
+
+
+# ---------------------------------------------------------------------------- serialisation
+
+def feedback_dict(fb: Feedback | None) -> dict[str, Any] | None:
+    if fb is None:
+        return None
+    return {"thumb": fb.thumb, "rating": fb.rating, "correction": fb.correction, "comment": fb.comment,
+            "reasons": fb.reasons or [], "updated_at": iso(fb.updated_at)}
+
+
+def message_dict(m: Message, fb: Feedback | None = None) -> dict[str, Any]:
+    return {"id": m.id, "role": m.role, "content": m.content, "parent_id": m.parent_id,
+            "model_version": m.model_version.name if m.model_version else None, "arm": m.arm,
+            "latency_ms": round(m.latency_ms, 1) if m.latency_ms is not None else None,
+            "token_count": m.token_count, "created_at": iso(m.created_at),
+            "feedback": feedback_dict(fb) if m.role == "assistant" else None}
+
+
+def comparison_dict(c: Comparison) -> dict[str, Any]:
+    return {"id": c.id, "prompt_message_id": c.prompt_message_id, "a": c.message_a_id, "b": c.message_b_id,
+            "winner": c.winner}
+
+
+def conversation_summary(c: Conversation) -> dict[str, Any]:
+    return {"id": c.id, "title": c.title, "created_at": iso(c.created_at), "updated_at": iso(c.updated_at)}
+
+
+# ---------------------------------------------------------------------------- ownership
+
+def own_conversation(conversation_id: int, user: User) -> Conversation:
+    conv = db.session.get(Conversation, conversation_id)
+    if conv is None or conv.user_id != user.id or conv.deleted_at is not None:
+        raise NotFound("Conversation not found.")
+    return conv
+
+
+def own_message(message_id: int, user: User) -> Message:
+    msg = db.session.get(Message, message_id)
+    if msg is None or msg.conversation.user_id != user.id or msg.conversation.deleted_at is not None:
+        raise NotFound("Message not found.")
+    return msg
+
+
+def history(message: Message) -> list[dict[str, str]]:
+    """The conversation up to and including ``message``, following parent links."""
+    chain: list[Message] = []
+    node: Message | None = message
+    while node is not None:
+        chain.append(node)
+        node = db.session.get(Message, node.parent_id) if node.parent_id else None
+    return [{"role": m.role, "content": m.content} for m in reversed(chain)]
+
+
+def default_parent(conv: Conversation) -> Message | None:
+    """Where a new user message attaches when the client does not say: the newest answer that
+    did not lose a side-by-side vote."""
+    losers = set()
+    for c in db.session.scalars(db.select(Comparison).join(Message, Comparison.prompt_message_id == Message.id)
+                                .filter(Message.conversation_id == conv.id)):
+        losers.add(c.message_a_id if c.winner == "b" else c.message_b_id)
+    for m in db.session.scalars(db.select(Message).filter_by(conversation_id=conv.id, role="assistant")
+                                .order_by(Message.id.desc())):
+        if m.id not in losers:
+            return m
+    return None
+
+
+def resolve_parent(conv: Conversation, data: dict) -> Message | None:
+    if "parent_id" not in data:
+        return default_parent(conv)
+    parent_id = optional_id(data, "parent_id")
+    if parent_id is None:
+        return None
+    parent = db.session.get(Message, parent_id)
+    if parent is None or parent.conversation_id != conv.id:
+        raise NotFound("Parent message not found in this conversation.")
+    if parent.role != "assistant":
+        raise BadRequest("'parent_id' must be an assistant message (the answer you are replying to).")
+    return parent
+
+
+# ---------------------------------------------------------------------------- conversations
+
+@bp.post("/conversations")
+def create_conversation():
+    data = json_body({"title"}, required=False)
+    user = current_visitor()
+    title = text_field(data, "title", MAX_TITLE_CHARS, required=False) or "New chat"
+    conv = Conversation(user_id=user.id, title=title)
+    db.session.add(conv)
+    db.session.commit()
+    return jsonify(conversation_summary(conv)), 201
+
+
+@bp.get("/conversations")
+def list_conversations():
+    user = current_visitor()
+    convs = db.session.scalars(db.select(Conversation).filter_by(user_id=user.id, deleted_at=None)
+                               .order_by(Conversation.updated_at.desc(), Conversation.id.desc())).all()
+    return jsonify(conversations=[conversation_summary(c) for c in convs])
+
+
+@bp.get("/conversations/<int:conversation_id>")
+def get_conversation(conversation_id: int):
+    user = current_visitor()
+    conv = own_conversation(conversation_id, user)
+    messages = list(conv.messages)
+    ids = [m.id for m in messages]
+    feedback = {f.message_id: f for f in db.session.scalars(
+        db.select(Feedback).filter(Feedback.user_id == user.id, Feedback.message_id.in_(ids)))} if ids else {}
+    comparisons = db.session.scalars(db.select(Comparison).filter(Comparison.prompt_message_id.in_(ids))
+                                     .order_by(Comparison.id)).all() if ids else []
+    return jsonify(**conversation_summary(conv), messages=[message_dict(m, feedback.get(m.id)) for m in messages],
+                   comparisons=[comparison_dict(c) for c in comparisons])
+
+
+@bp.patch("/conversations/<int:conversation_id>")
+def rename_conversation(conversation_id: int):
+    data = json_body({"title"})
+    conv = own_conversation(conversation_id, current_visitor())
+    conv.title = text_field(data, "title", MAX_TITLE_CHARS)  # type: ignore[assignment]
+    db.session.commit()
+    return jsonify(conversation_summary(conv))
+
+
+@bp.delete("/conversations/<int:conversation_id>")
+def delete_conversation(conversation_id: int):
+    conv = own_conversation(conversation_id, current_visitor())
+    conv.deleted_at = utcnow()  # hidden at once; excluded from training data and exports
+    db.session.commit()
+    return jsonify(id=conv.id, deleted=True)
+
+
+# ---------------------------------------------------------------------------- answering
+
+def _save_answer(user_msg_id: int, route: Route, result: GenerationResult) -> Message:
+    """Store an answer. Takes ids, not ORM objects: a streamed response outlives the request's
+    database session, so everything is looked up again here."""
+    user_msg = db.session.get(Message, user_msg_id)
+    answer = Message(conversation_id=user_msg.conversation_id, role="assistant", content=result.text,
+                     parent_id=user_msg.id, model_version_id=route.version_id, experiment_id=route.experiment_id,
+                     arm=route.arm, latency_ms=result.latency_ms, token_count=result.token_count)
+    db.session.add(answer)
+    user_msg.conversation.updated_at = utcnow()
+    db.session.commit()
+    return answer
+
+
+def _sse(event: str, data: dict) -> str:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
+def _answer(user_msg: Message, user: User, stream: bool, created_user_msg: bool):
+    """Generate an answer to ``user_msg`` as an SSE stream or one JSON response.
+
+    ``created_user_msg``: this request wrote ``user_msg``; it is removed again if no answer
+    comes out, so the conversation never keeps a question the model never saw through.
+    """
+    route = route_for(user)
+    loaded = load(route)
+    messages = history(user_msg)
+    settings = generation_settings()
+    user_msg_id = user_msg.id
+
+    def discard_question() -> None:
+        db.session.rollback()
+        if created_user_msg:
+            db.session.delete(db.session.get(Message, user_msg_id))
+            db.session.commit()
+
+    if not stream:
+        try:
+            result = generate_chat(loaded, messages, settings)
+        except Exception:
+            discard_question()
+            raise
+        answer = _save_answer(user_msg_id, route, result)
+        return jsonify(user_message=message_dict(db.session.get(Message, user_msg_id)),
+                       assistant_message=message_dict(answer)), 201
+
+    handle = stream_chat(loaded, messages, settings)
+
+    def events() -> Iterator[str]:
+        finished = False
+        try:
+            for chunk in handle.chunks:
+                yield _sse("token", {"text": chunk})
+            finished = True
+        except Exception as exc:  # generation failed: report it in the stream, keep nothing
+            current_app.logger.exception("generation failed")
+            discard_question()
+            yield _sse("error", {"error": f"Generation failed: {type(exc).__name__}"})
+            return
+        finally:
+            if not finished:
+                handle.chunks.close()  # stops the generating thread; sets the partial result
+            if not finished and handle.result is not None:
+                # The client stopped the answer (or went away): keep what was said, if anything.
+                if handle.result.text:
+                    _save_answer(user_msg_id, route, handle.result)
+                else:
+                    discard_question()
+        result = handle.result
+        assert result is not None
+        answer = _save_answer(user_msg_id, route, result)
+        yield _sse("done", {"user_message_id": user_msg_id, "message_id": answer.id,
+                            "model_version": route.version_name, "arm": route.arm,
+                            "finish_reason": result.finish_reason, "token_count": result.token_count,
+                            "latency_ms": round(result.latency_ms, 1), "content": answer.content})
+
+    return Response(stream_with_context(events()), mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@bp.post("/conversations/<int:conversation_id>/messages")
+def post_message(conversation_id: int):
+    data = json_body({"content", "stream", "parent_id"})
+    user = current_visitor()
+    conv = own_conversation(conversation_id, user)
+    content = message_content(data)
+    stream = bool_field(data, "stream", True)
+    parent = resolve_parent(conv, data)
+    route_for(user)  # fail with 503 before writing anything if no model can answer
+    user_msg = Message(conversation_id=conv.id, role="user", content=content,
+                       parent_id=parent.id if parent else None)
+    db.session.add(user_msg)
+    if conv.title == "New chat":
+        conv.title = content if len(content) <= 60 else content[:57].rstrip() + "..."
+    db.session.commit()
+    return _answer(user_msg, user, stream, created_user_msg=True)
+
+
+@bp.post("/messages/<int:message_id>/regenerate")
+def regenerate(message_id: int):
+    data = json_body({"stream"}, required=False)
+    user = current_visitor()
+    msg = own_message(message_id, user)
+    stream = bool_field(data, "stream", True)
+    if msg.role == "assistant":
+        msg = db.session.get(Message, msg.parent_id) if msg.parent_id else None
+        if msg is None:
+            raise BadRequest("This answer has no question to answer again.")
+    elif msg.role != "user":
+        raise BadRequest("Only answers (or the questions they answer) can be regenerated.")
+    return _answer(msg, user, stream, created_user_msg=False)
+
+
+# ---------------------------------------------------------------------------- feedback
+
+@bp.post("/messages/<int:message_id>/feedback")
+def post_feedback(message_id: int):
+    data = json_body({"thumb", "rating", "correction", "comment", "reasons"})
+    user = current_visitor()
+    msg = own_message(message_id, user)
+    if msg.role != "assistant":
+        raise BadRequest("Feedback can only be given on assistant answers.")
+    changes = feedback_changes(data)
+    fb = db.session.scalars(db.select(Feedback).filter_by(user_id=user.id, message_id=msg.id)).first()
+    if fb is None:
+        fb = Feedback(user_id=user.id, message_id=msg.id, reasons=[])
+        db.session.add(fb)
+    for key, value in changes.items():
+        setattr(fb, key, value)
+    fb.updated_at = utcnow()
+    db.session.commit()
+    return jsonify(feedback=feedback_dict(fb), message_id=msg.id)
+
+
+# ---------------------------------------------------------------------------- compare
+
+def _compare_routes(user: User) -> tuple[Route, Route]:
+    """Two answerers: control vs variant while an experiment runs (in random order, so
+    position bias cancels out), otherwise two samples from the user's own model."""
+    from ..experiments import running_experiment
+
+    exp = running_experiment()
+    if exp is None:
+        route = route_for(user)
+        return route, route
+    pair = [Route.of(exp.control_version, exp.id, "control"), Route.of(exp.variant_version, exp.id, "variant")]
+    random.shuffle(pair)
+    return pair[0], pair[1]
+
+
+@bp.post("/conversations/<int:conversation_id>/compare")
+def compare(conversation_id: int):
+    data = json_body({"content", "parent_id", "message_id"})
+    user = current_visitor()
+    conv = own_conversation(conversation_id, user)
+    route_a, route_b = _compare_routes(user)
+    model_a, model_b = load(route_a), load(route_b)
+    created = False
+    if "message_id" in data:  # compare two new answers to a question already asked
+        user_msg = own_message(optional_id(data, "message_id") or 0, user)
+        if user_msg.conversation_id != conv.id or user_msg.role != "user":
+            raise BadRequest("'message_id' must be one of your questions in this conversation.")
+    else:
+        content = message_content(data)
+        parent = resolve_parent(conv, data)
+        user_msg = Message(conversation_id=conv.id, role="user", content=content,
+                           parent_id=parent.id if parent else None)
+        db.session.add(user_msg)
+        if conv.title == "New chat":
+            conv.title = content if len(content) <= 60 else content[:57].rstrip() + "..."
+        db.session.commit()
+        created = True
+    messages = history(user_msg)
+    settings = generation_settings()
+    try:
+        result_a = generate_chat(model_a, messages, settings)
+        result_b = generate_chat(model_b, messages, settings)
+    except Exception:
+        db.session.rollback()
+        if created:
+            db.session.delete(db.session.get(Message, user_msg.id))
+            db.session.commit()
+        raise
+    answer_a = _save_answer(user_msg.id, route_a, result_a)
+    answer_b = _save_answer(user_msg.id, route_b, result_b)
+    pair = Comparison(user_id=user.id, prompt_message_id=user_msg.id, message_a_id=answer_a.id,
+                      message_b_id=answer_b.id)
+    db.session.add(pair)
+    db.session.commit()
+    return jsonify(pair_id=pair.id, user_message=message_dict(user_msg), a=message_dict(answer_a),
+                   b=message_dict(answer_b)), 201
+
+
+@bp.post("/pairs/<int:pair_id>/vote")
+def vote(pair_id: int):
+    data = json_body({"winner"})
+    user = current_visitor()
+    pair = db.session.get(Comparison, pair_id)
+    if pair is None or pair.user_id != user.id or db.session.get(Message, pair.prompt_message_id) \
+            .conversation.deleted_at is not None:
+        raise NotFound("Comparison not found.")
+    winner = data.get("winner")
+    if winner not in ("a", "b", "tie", "both_bad"):
+        raise BadRequest("'winner' must be \"a\", \"b\", \"tie\" or \"both_bad\".")
+    pair.winner = winner
+    pair.voted_at = utcnow()
+    db.session.commit()
+    chosen = pair.message_b_id if winner == "b" else pair.message_a_id
+    return jsonify(pair=comparison_dict(pair), continue_from=chosen)

@@ -1,0 +1,106 @@
+"""Request validation with clear messages. Every failure is a 400 with ``{"error": ...}``."""
+from __future__ import annotations
+
+from typing import Any
+
+from flask import current_app, request
+from werkzeug.exceptions import BadRequest
+
+# Reason chips offered in the UI; stored as given so reports can count them.
+REASONS_UP = ("helpful", "polite", "concise", "accurate", "on-topic")
+REASONS_DOWN = ("rude", "off-topic", "too long", "too short", "wrong", "unhelpful", "repetitive")
+REASONS = REASONS_UP + REASONS_DOWN
+MAX_COMMENT_CHARS = 2000
+MAX_TITLE_CHARS = 200
+
+
+def json_body(allowed: set[str] | None = None, required: bool = True) -> dict[str, Any]:
+    """The request's JSON object; rejects non-objects and (when ``allowed``) unknown keys."""
+    data = request.get_json(silent=True)
+    if data is None:
+        if not required and not request.get_data():
+            return {}
+        raise BadRequest("Request body must be a JSON object (Content-Type: application/json).")
+    if not isinstance(data, dict):
+        raise BadRequest("Request body must be a JSON object.")
+    if allowed is not None:
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise BadRequest(f"Unknown field(s): {', '.join(unknown)}. Allowed: {', '.join(sorted(allowed))}.")
+    return data
+
+
+def text_field(data: dict, key: str, max_chars: int, required: bool = True, nullable: bool = False) -> str | None:
+    """A non-empty string (after trimming) of at most ``max_chars`` characters."""
+    value = data.get(key)
+    if value is None:
+        if key in data and nullable:
+            return None
+        if required:
+            raise BadRequest(f"'{key}' is required.")
+        return None
+    if not isinstance(value, str):
+        raise BadRequest(f"'{key}' must be a string.")
+    if "\x00" in value:
+        raise BadRequest(f"'{key}' must not contain NUL characters.")
+    value = value.strip()
+    if not value:
+        if nullable:
+            return None  # an emptied field clears the value
+        raise BadRequest(f"'{key}' must not be empty.")
+    if len(value) > max_chars:
+        raise BadRequest(f"'{key}' is too long ({len(value)} characters; the limit is {max_chars}).")
+    return value
+
+
+def message_content(data: dict) -> str:
+    return text_field(data, "content", int(current_app.config["RLHF_MAX_MESSAGE_CHARS"]))  # type: ignore[return-value]
+
+
+def bool_field(data: dict, key: str, default: bool) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{key}' must be true or false.")
+    return value
+
+
+def optional_id(data: dict, key: str) -> int | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadRequest(f"'{key}' must be a positive integer id.")
+    return value
+
+
+def feedback_changes(data: dict) -> dict[str, Any]:
+    """Validated feedback fields that the request sets (absent fields stay as they were)."""
+    if not data:
+        raise BadRequest("Send at least one of: thumb, rating, correction, comment, reasons.")
+    changes: dict[str, Any] = {}
+    if "thumb" in data:
+        if data["thumb"] not in ("up", "down", None):
+            raise BadRequest("'thumb' must be \"up\", \"down\" or null.")
+        changes["thumb"] = data["thumb"]
+    if "rating" in data:
+        rating = data["rating"]
+        if rating is not None and (isinstance(rating, bool) or not isinstance(rating, int) or not 1 <= rating <= 5):
+            raise BadRequest("'rating' must be an integer from 1 to 5, or null.")
+        changes["rating"] = rating
+    if "correction" in data:
+        changes["correction"] = text_field(data, "correction", int(current_app.config["RLHF_MAX_MESSAGE_CHARS"]),
+                                           required=False, nullable=True)
+    if "comment" in data:
+        changes["comment"] = text_field(data, "comment", MAX_COMMENT_CHARS, required=False, nullable=True)
+    if "reasons" in data:
+        reasons = data["reasons"]
+        if reasons is None:
+            reasons = []
+        if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
+            raise BadRequest("'reasons' must be a list of strings.")
+        unknown = [r for r in reasons if r not in REASONS]
+        if unknown:
+            raise BadRequest(f"Unknown reason(s): {', '.join(map(repr, unknown[:5]))}. "
+                             f"Choose from: {', '.join(REASONS)}.")
+        changes["reasons"] = list(dict.fromkeys(reasons))  # de-duplicated, order kept
+    return changes
