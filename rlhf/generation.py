@@ -219,8 +219,8 @@ def stream_chat(loaded: LoadedModel, messages: list[dict], settings: GenerationS
                 # hold back a tail that may be the start of a stop string
                 safe = len(text) - _stop_prefix_len(text)
                 if safe > emitted:
-                    yield text[emitted:safe]
-                    emitted = safe
+                    chunk, emitted = text[emitted:safe], safe  # count it as said before handing it out
+                    yield chunk
             else:
                 exhausted = True
         except GeneratorExit:  # the consumer went away (client disconnected): keep the partial answer

@@ -11,9 +11,9 @@ import random
 from typing import Any, Iterator
 
 from flask import Blueprint, Response, current_app, jsonify, stream_with_context
-from werkzeug.exceptions import BadRequest, NotFound
+from werkzeug.exceptions import BadRequest, NotFound, ServiceUnavailable
 
-from rlhf.generation import GenerationResult, generate_chat, stream_chat
+from rlhf.generation import GenerationResult, LoadedModel, generate_chat, stream_chat
 
 from ..auth import current_visitor
 from ..extensions import db
@@ -176,14 +176,12 @@ def _sse(event: str, data: dict) -> str:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n"
 
 
-def _answer(user_msg: Message, user: User, stream: bool, created_user_msg: bool):
+def _answer(user_msg: Message, route: Route, loaded: LoadedModel, stream: bool, created_user_msg: bool):
     """Generate an answer to ``user_msg`` as an SSE stream or one JSON response.
 
     ``created_user_msg``: this request wrote ``user_msg``; it is removed again if no answer
     comes out, so the conversation never keeps a question the model never saw through.
     """
-    route = route_for(user)
-    loaded = load(route)
     messages = history(user_msg)
     settings = generation_settings()
     user_msg_id = user_msg.id
@@ -197,9 +195,10 @@ def _answer(user_msg: Message, user: User, stream: bool, created_user_msg: bool)
     if not stream:
         try:
             result = generate_chat(loaded, messages, settings)
-        except Exception:
+        except Exception as exc:
+            current_app.logger.exception("generation failed")
             discard_question()
-            raise
+            raise ServiceUnavailable(f"The model failed to answer ({type(exc).__name__}); please try again.") from exc
         answer = _save_answer(user_msg_id, route, result)
         return jsonify(user_message=message_dict(db.session.get(Message, user_msg_id)),
                        assistant_message=message_dict(answer)), 201
@@ -246,14 +245,15 @@ def post_message(conversation_id: int):
     content = message_content(data)
     stream = bool_field(data, "stream", True)
     parent = resolve_parent(conv, data)
-    route_for(user)  # fail with 503 before writing anything if no model can answer
+    route = route_for(user)
+    loaded = load(route)  # a model that cannot answer fails with 503 before anything is written
     user_msg = Message(conversation_id=conv.id, role="user", content=content,
                        parent_id=parent.id if parent else None)
     db.session.add(user_msg)
     if conv.title == "New chat":
         conv.title = content if len(content) <= 60 else content[:57].rstrip() + "..."
     db.session.commit()
-    return _answer(user_msg, user, stream, created_user_msg=True)
+    return _answer(user_msg, route, loaded, stream, created_user_msg=True)
 
 
 @bp.post("/messages/<int:message_id>/regenerate")
@@ -268,7 +268,8 @@ def regenerate(message_id: int):
             raise BadRequest("This answer has no question to answer again.")
     elif msg.role != "user":
         raise BadRequest("Only answers (or the questions they answer) can be regenerated.")
-    return _answer(msg, user, stream, created_user_msg=False)
+    route = route_for(user)
+    return _answer(msg, route, load(route), stream, created_user_msg=False)
 
 
 # ---------------------------------------------------------------------------- feedback
@@ -332,15 +333,17 @@ def compare(conversation_id: int):
         created = True
     messages = history(user_msg)
     settings = generation_settings()
+    user_msg_id = user_msg.id
     try:
         result_a = generate_chat(model_a, messages, settings)
         result_b = generate_chat(model_b, messages, settings)
-    except Exception:
+    except Exception as exc:
+        current_app.logger.exception("generation failed")
         db.session.rollback()
         if created:
-            db.session.delete(db.session.get(Message, user_msg.id))
+            db.session.delete(db.session.get(Message, user_msg_id))
             db.session.commit()
-        raise
+        raise ServiceUnavailable(f"The model failed to answer ({type(exc).__name__}); please try again.") from exc
     answer_a = _save_answer(user_msg.id, route_a, result_a)
     answer_b = _save_answer(user_msg.id, route_b, result_b)
     pair = Comparison(user_id=user.id, prompt_message_id=user_msg.id, message_a_id=answer_a.id,

@@ -6,6 +6,7 @@ from flask_wtf.csrf import generate_csrf
 
 from ..auth import current_visitor, is_admin
 from ..bootstrap import active_version
+from ..experiments import assign, running_experiment
 
 bp = Blueprint("session_api", __name__, url_prefix="/api")
 
@@ -13,9 +14,14 @@ bp = Blueprint("session_api", __name__, url_prefix="/api")
 @bp.get("/session")
 def get_session():
     user = current_visitor()
-    version = active_version()
-    return jsonify(user_id=user.id, csrf_token=generate_csrf(), experiment=None, arm=None,
-                   model_version=version.name if version else None, is_admin=is_admin())
+    experiment = running_experiment()
+    if experiment is not None:
+        arm = assign(experiment, user)
+        version = experiment.variant_version if arm == "variant" else experiment.control_version
+    else:
+        arm, version = None, active_version()
+    return jsonify(user_id=user.id, csrf_token=generate_csrf(), experiment=experiment.key if experiment else None,
+                   arm=arm, model_version=version.name if version else None, is_admin=is_admin())
 
 
 @bp.get("/health")

@@ -1,0 +1,88 @@
+"""rlhf.generation on the micro model: streaming, stopping, truncation, the model pool."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from rlhf.chat_format import STOP_STRINGS
+from rlhf.generation import GenerationSettings, ModelPool, _stop_prefix_len, fit_to_context, generate_chat, \
+    stream_chat
+
+
+@pytest.fixture(scope="module")
+def loaded(micro_model_dir):
+    return ModelPool("cpu").get(micro_model_dir)
+
+
+def test_stream_yields_the_same_text_that_is_returned(loaded):
+    handle = stream_chat(loaded, [{"role": "user", "content": "How do I cook rice?"}],
+                         GenerationSettings(max_new_tokens=24))
+    chunks = list(handle.chunks)
+    assert len(chunks) >= 2
+    assert "".join(chunks).strip() == handle.result.text
+    assert 0 < handle.result.token_count <= 24
+    assert handle.result.first_token_ms is not None and handle.result.latency_ms >= handle.result.first_token_ms
+
+
+def test_max_new_tokens_is_respected(loaded):
+    result = generate_chat(loaded, [{"role": "user", "content": "Hi"}],
+                           GenerationSettings(max_new_tokens=5, do_sample=False))
+    assert result.token_count <= 5
+
+
+def test_cancel_stops_generation(loaded):
+    cancel = threading.Event()
+    handle = stream_chat(loaded, [{"role": "user", "content": "Hi"}], GenerationSettings(max_new_tokens=60),
+                         cancel=cancel)
+    it = iter(handle.chunks)
+    next(it)
+    cancel.set()
+    list(it)
+    assert handle.result.token_count < 60 and handle.result.finish_reason in ("cancelled", "eos", "stop_string")
+
+
+def test_closing_the_stream_keeps_the_partial_answer(loaded):
+    handle = stream_chat(loaded, [{"role": "user", "content": "Hi"}], GenerationSettings(max_new_tokens=60))
+    first = next(iter(handle.chunks))
+    handle.chunks.close()
+    assert handle.result.stopped and handle.result.text == first.strip()
+
+
+def test_stop_string_prefixes_are_held_back():
+    assert _stop_prefix_len("Hello\n") == 1
+    assert _stop_prefix_len("Hello\nUse") == 4
+    assert _stop_prefix_len("Hello") == 0
+    assert STOP_STRINGS == ("\nUser:",)
+
+
+def test_long_conversations_are_truncated_to_the_context_window(loaded):
+    turns = []
+    for i in range(40):
+        turns += [{"role": "user", "content": f"Question number {i} about cooking rice?"},
+                  {"role": "assistant", "content": "Rinse it in cold water first. " * 3}]
+    turns.append({"role": "user", "content": "Last question?"})
+    ids = fit_to_context(loaded, turns, max_new_tokens=40)
+    assert len(ids) <= loaded.context_window - 40
+    assert loaded.tokenizer.decode(ids).endswith("User: Last question?\nAssistant:")  # newest turn kept
+    huge = [{"role": "user", "content": "word " * 5000}]
+    assert len(fit_to_context(loaded, huge, 40)) == loaded.context_window - 40
+    result = generate_chat(loaded, huge, GenerationSettings(max_new_tokens=40))
+    assert result.token_count <= 40
+
+
+def test_invalid_settings_are_refused():
+    for bad in (GenerationSettings(max_new_tokens=0), GenerationSettings(top_p=0), GenerationSettings(temperature=0)):
+        with pytest.raises(ValueError):
+            bad.validate()
+
+
+def test_pool_loads_each_model_once(micro_model_dir):
+    pool = ModelPool("cpu")
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(pool.get(micro_model_dir))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(r) for r in results}) == 1 and pool.loaded() == [str(micro_model_dir)]
