@@ -164,8 +164,9 @@ def stream_chat(loaded: LoadedModel, messages: list[dict], settings: GenerationS
     kwargs: dict[str, Any] = dict(
         input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=settings.max_new_tokens,
         streamer=streamer, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-        stopping_criteria=StoppingCriteriaList([_CancelCriteria(cancel)]),
-        stop_strings=list(STOP_STRINGS), tokenizer=tok)
+        # Stop strings are matched on the streamed text below (which then sets ``cancel``):
+        # much cheaper per token than transformers' StopStringCriteria.
+        stopping_criteria=StoppingCriteriaList([_CancelCriteria(cancel)]))
     if settings.do_sample:
         kwargs.update(do_sample=True, temperature=settings.temperature, top_p=settings.top_p)
     else:

@@ -1,0 +1,135 @@
+"""Streamed answers through the real HTTP server vs plain ``model.generate``, side by side.
+
+Same model, same prompts, same sampling settings, same machine, interleaved runs. Reports the
+median time to first token and tokens per second of each, and their difference/ratio.
+
+    .venv/bin/python benchmarks/stream_vs_generate.py [--model DIR] [--runs 30]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import requests  # noqa: E402
+import torch  # noqa: E402
+from transformers.generation.streamers import BaseStreamer  # noqa: E402
+
+from rlhf.chat_format import render_prompt  # noqa: E402
+from rlhf.corpus import sample_prompts  # noqa: E402
+from rlhf.loading import load_causal_lm  # noqa: E402
+from tests.conftest import cached_model, make_app, register_model  # noqa: E402
+from tests.live_server import LiveServer  # noqa: E402
+from webapp.config import DEFAULTS  # noqa: E402
+
+
+class FirstTokenTimer(BaseStreamer):
+    """Notes when generate() hands out its first new token; does nothing else."""
+
+    def __init__(self) -> None:
+        self.prompt_seen = False
+        self.first: float | None = None
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+        elif self.first is None:
+            self.first = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+def plain_generate(model, tok, prompt: str) -> tuple[float, float, int]:
+    ids = tok(render_prompt(tok, [{"role": "user", "content": prompt}]), return_tensors="pt",
+              add_special_tokens=False)
+    timer = FirstTokenTimer()
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(**ids, max_new_tokens=DEFAULTS["RLHF_MAX_NEW_TOKENS"], do_sample=True,
+                             temperature=DEFAULTS["RLHF_TEMPERATURE"], top_p=DEFAULTS["RLHF_TOP_P"],
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, streamer=timer)
+    total = time.perf_counter() - start
+    n = out.shape[1] - ids["input_ids"].shape[1]
+    return (timer.first - start) * 1000, total, n
+
+
+def streamed_http(session: requests.Session, url: str, csrf: str, conv_id: int, prompt: str) -> tuple[float, float, int]:
+    start = time.perf_counter()
+    first = None
+    done = None
+    with session.post(f"{url}/api/conversations/{conv_id}/messages", json={"content": prompt, "parent_id": None},
+                      headers={"X-CSRFToken": csrf}, stream=True, timeout=60) as resp:
+        resp.raise_for_status()
+        event = None
+        for line in resp.iter_lines(decode_unicode=True):
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                if event == "token" and first is None:
+                    first = time.perf_counter()
+                elif event == "done":
+                    done = json.loads(line[6:])
+    total = time.perf_counter() - start
+    return (first - start) * 1000, total, done["token_count"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, help="model directory (default: build/reuse the embedded model)")
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    model_dir = args.model or cached_model("default")
+    instance = Path(tempfile.mkdtemp(prefix="bench-stream-")) / "instance"
+    register_model(make_app(instance), model_dir)
+    server = LiveServer(instance, env={"RLHF_DEVICE": "cpu"})
+    try:
+        model, tok = load_causal_lm(model_dir, "cpu")
+        s = requests.Session()
+        csrf = s.get(server.url + "/api/session").json()["csrf_token"]
+        conv = s.post(server.url + "/api/conversations", json={}, headers={"X-CSRFToken": csrf}).json()["id"]
+        prompts = sample_prompts(10)
+        for p in prompts[:3]:  # warm-up both paths (model load, allocator, caches)
+            streamed_http(s, server.url, csrf, conv, p)
+            plain_generate(model, tok, p)
+        plain, http = [], []
+        for i in range(args.runs):
+            p = prompts[i % len(prompts)]
+            http.append(streamed_http(s, server.url, csrf, conv, p))
+            plain.append(plain_generate(model, tok, p))
+    finally:
+        server.stop()
+
+    def summary(rows):
+        return {"ttft_ms": statistics.median(r[0] for r in rows),
+                "tokens_per_s": statistics.median(r[2] / r[1] for r in rows),
+                "tokens": statistics.median(r[2] for r in rows)}
+
+    result = {"runs": args.runs, "model": str(model_dir), "plain_generate": summary(plain),
+              "streamed_http": summary(http)}
+    result["first_token_overhead_ms"] = result["streamed_http"]["ttft_ms"] - result["plain_generate"]["ttft_ms"]
+    result["throughput_ratio"] = result["streamed_http"]["tokens_per_s"] / result["plain_generate"]["tokens_per_s"]
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"{'':24}{'TTFT ms (median)':>18}{'tokens/s (median)':>20}{'tokens':>8}")
+    for name in ("plain_generate", "streamed_http"):
+        r = result[name]
+        print(f"{name:24}{r['ttft_ms']:>18.1f}{r['tokens_per_s']:>20.1f}{r['tokens']:>8.0f}")
+    print(f"first-token overhead: {result['first_token_overhead_ms']:.1f} ms; "
+          f"throughput ratio (HTTP stream / plain): {result['throughput_ratio']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
