@@ -1,0 +1,268 @@
+"""Policy updates with TRL: PPO (default), or DPO, KTO and RLOO on the same data.
+
+Every function takes the parent policy directory and writes the new policy, as a plain
+``save_pretrained`` directory (LoRA adapters merged), to ``out_dir``. They never change the
+parent; a failure leaves ``out_dir`` to be discarded by the caller.
+"""
+from __future__ import annotations
+
+import copy
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
+
+from .loading import resolve_device
+from .preference_data import to_standard
+from .reward_model import context_length
+from .trl_utils import quiet_trl, training_precision
+
+ProgressFn = Callable[[str, int, int], None]
+ALGORITHMS = ("ppo", "dpo", "kto", "rloo")
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    learning_rate: float = 3e-5
+    batch_size: int = 16
+    mini_batches: int = 2
+    ppo_epochs: int = 4
+    episodes: int = 512  # PPO/RLOO rollouts (prompts sampled, with repetition)
+    max_steps: int | None = None  # cap on optimisation steps (PPO batches / trainer steps)
+    response_length: int = 64
+    temperature: float = 0.8
+    kl_coef: float = 0.05
+    missing_eos_penalty: float = 1.0
+    beta: float = 0.1  # DPO/KTO
+    epochs: float = 2.0  # DPO/KTO passes over the data
+    rloo_generations: int = 4
+    lora: bool = False
+    lora_r: int = 16
+    seed: int = 0
+
+    def validate(self) -> "PolicySettings":
+        checks = [(self.learning_rate > 0, "learning_rate must be > 0"), (self.batch_size >= 1, "batch_size must be >= 1"),
+                  (self.batch_size % self.mini_batches == 0, "batch_size must be a multiple of mini_batches"),
+                  (self.episodes >= self.batch_size, "episodes must be >= batch_size"),
+                  (self.max_steps is None or self.max_steps >= 1, "max_steps must be >= 1"),
+                  (self.response_length >= 1, "response_length must be >= 1"), (self.kl_coef >= 0, "kl_coef must be >= 0")]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        return self
+
+
+class _Progress(TrainerCallback):
+    def __init__(self, progress: ProgressFn | None, stage: str) -> None:
+        self.progress, self.stage = progress, stage
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.progress:
+            self.progress(self.stage, state.global_step, max(state.max_steps, 1))
+
+
+def _callbacks(trainer: Any, progress: ProgressFn | None, stage: str) -> None:
+    from transformers import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # logs go to the run's metrics, not stdout
+    trainer.add_callback(_Progress(progress, stage))
+
+
+def _lora_config(model: Any, settings: PolicySettings):
+    from peft import LoraConfig
+
+    names = {n.split(".")[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) or
+             type(m).__name__ == "Conv1D"}
+    targets = sorted(names & {"c_attn", "c_proj", "c_fc", "q_proj", "k_proj", "v_proj", "o_proj", "dense",
+                              "fc1", "fc2"}) or "all-linear"
+    return LoraConfig(r=settings.lora_r, lora_alpha=2 * settings.lora_r, lora_dropout=0.0, target_modules=targets,
+                      task_type="CAUSAL_LM")
+
+
+def _save_policy(model: Any, tokenizer: Any, out_dir: str | Path) -> None:
+    if hasattr(model, "merge_and_unload"):  # LoRA: bake the adapter into plain weights
+        model = model.merge_and_unload()
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+
+
+def _history(log_history: list[dict], keys: tuple[str, ...]) -> dict[str, Any]:
+    """First and last logged value of each metric (how it moved during training)."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        values = [row[key] for row in log_history if key in row]
+        if values:
+            out[key] = {"first": round(float(values[0]), 4), "last": round(float(values[-1]), 4)}
+    return out
+
+
+def _common_args(dev: torch.device, settings: PolicySettings, scratch: str) -> dict[str, Any]:
+    return dict(output_dir=scratch, learning_rate=settings.learning_rate, save_strategy="no", report_to=[],
+                disable_tqdm=True, logging_steps=1, seed=settings.seed, data_seed=settings.seed,
+                use_cpu=dev.type == "cpu", dataloader_num_workers=0, **training_precision(dev))
+
+
+def _load_policy(policy_dir: str | Path) -> tuple[Any, Any]:
+    tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(str(policy_dir))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+# ---------------------------------------------------------------------------- PPO
+
+def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list[dict]], out_dir: str | Path,
+              settings: PolicySettings = PolicySettings(), device: str = "auto",
+              progress: ProgressFn | None = None) -> dict[str, Any]:
+    """PPO with the parent as frozen reference (KL penalty), the value model initialised from the
+    reward model, EOS as the stop token and a penalty for answers that never stop."""
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+
+    quiet_trl()
+    settings.validate()
+    dev = resolve_device(device)
+    torch.manual_seed(settings.seed)
+    policy, tokenizer = _load_policy(policy_dir)
+    ref = None if settings.lora else AutoModelForCausalLM.from_pretrained(str(policy_dir))
+    reward = AutoModelForSequenceClassification.from_pretrained(str(reward_dir), num_labels=1)
+    value = AutoModelForSequenceClassification.from_pretrained(str(reward_dir), num_labels=1)
+    for m in (reward, value):
+        m.config.pad_token_id = tokenizer.pad_token_id
+
+    max_prompt = max(8, context_length(policy) - settings.response_length)
+    rows = []
+    for p in prompts:
+        ids = tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        rows.append({"input_ids": list(ids)[-max_prompt:]})
+    dataset = Dataset.from_list(rows)
+
+    episodes = settings.episodes
+    if settings.max_steps:
+        episodes = min(episodes, settings.max_steps * settings.batch_size)
+    with tempfile.TemporaryDirectory(prefix="ppo-") as scratch:
+        args = PPOConfig(
+            **_common_args(dev, settings, scratch), per_device_train_batch_size=settings.batch_size,
+            gradient_accumulation_steps=1, num_mini_batches=settings.mini_batches, total_episodes=episodes,
+            num_ppo_epochs=settings.ppo_epochs, response_length=settings.response_length, stop_token="eos",
+            missing_eos_penalty=settings.missing_eos_penalty, kl_coef=settings.kl_coef,
+            temperature=settings.temperature, num_sample_generations=0,
+            local_rollout_forward_batch_size=settings.batch_size)
+        trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref, reward_model=reward,
+                             train_dataset=dataset, value_model=value,
+                             peft_config=_lora_config(policy, settings) if settings.lora else None)
+        _callbacks(trainer, progress, "policy")
+        trainer.train()
+        trained = trainer.model.policy if hasattr(trainer.model, "policy") else trainer.policy_model
+        _save_policy(trained, tokenizer, out_dir)
+        log = trainer.state.log_history
+    return {"algorithm": "ppo", "episodes": episodes, "updates": trainer.state.global_step,
+            "prompts": len(rows), "lora": settings.lora,
+            **_history(log, ("objective/scores", "objective/rlhf_reward", "objective/kl", "objective/entropy",
+                             "loss/policy_avg", "loss/value_avg", "val/num_eos_tokens"))}
+
+
+# ---------------------------------------------------------------------------- DPO / KTO
+
+def train_dpo(policy_dir: str | Path, train_pairs: list[dict], out_dir: str | Path,
+              settings: PolicySettings = PolicySettings(), device: str = "auto",
+              progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Direct preference optimisation on the same preference pairs the reward model sees."""
+    from trl import DPOConfig, DPOTrainer
+
+    quiet_trl()
+    settings.validate()
+    dev = resolve_device(device)
+    torch.manual_seed(settings.seed)
+    policy, tokenizer = _load_policy(policy_dir)
+    rows = [to_standard(r, tokenizer) for r in train_pairs]
+    dataset = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows])
+    with tempfile.TemporaryDirectory(prefix="dpo-") as scratch:
+        args = DPOConfig(**_common_args(dev, settings, scratch), per_device_train_batch_size=settings.batch_size,
+                         num_train_epochs=settings.epochs, max_steps=settings.max_steps or -1, beta=settings.beta,
+                         max_length=context_length(policy))
+        trainer = DPOTrainer(model=policy, ref_model=None if settings.lora else copy.deepcopy(policy), args=args,
+                             train_dataset=dataset, processing_class=tokenizer,
+                             peft_config=_lora_config(policy, settings) if settings.lora else None)
+        _callbacks(trainer, progress, "policy")
+        result = trainer.train()
+        _save_policy(trainer.model, tokenizer, out_dir)
+        log = trainer.state.log_history
+    return {"algorithm": "dpo", "pairs": len(rows), "steps": result.global_step, "train_loss": round(result.training_loss, 4),
+            "lora": settings.lora, **_history(log, ("rewards/accuracies", "rewards/margins", "loss"))}
+
+
+def train_kto(policy_dir: str | Path, train_examples: list[dict], out_dir: str | Path,
+              settings: PolicySettings = PolicySettings(), device: str = "auto",
+              progress: ProgressFn | None = None) -> dict[str, Any]:
+    """KTO on unpaired good/bad answers (thumbs, ratings, corrections, votes)."""
+    from trl import KTOConfig, KTOTrainer
+
+    quiet_trl()
+    settings.validate()
+    dev = resolve_device(device)
+    torch.manual_seed(settings.seed)
+    policy, tokenizer = _load_policy(policy_dir)
+    rows = [to_standard(r, tokenizer) for r in train_examples]
+    dataset = Dataset.from_list([{k: r[k] for k in ("prompt", "completion", "label")} for r in rows])
+    positives = sum(r["label"] for r in rows)
+    negatives = len(rows) - positives
+    if not positives or not negatives:
+        raise ValueError("KTO needs both good and bad examples")
+    with tempfile.TemporaryDirectory(prefix="kto-") as scratch:
+        args = KTOConfig(**_common_args(dev, settings, scratch), per_device_train_batch_size=settings.batch_size,
+                         num_train_epochs=settings.epochs, max_steps=settings.max_steps or -1, beta=settings.beta,
+                         max_length=context_length(policy),
+                         # balance the classes as the KTO paper recommends
+                         desirable_weight=1.0, undesirable_weight=max(0.5, min(2.0, positives / negatives)))
+        trainer = KTOTrainer(model=policy, ref_model=None if settings.lora else copy.deepcopy(policy), args=args,
+                             train_dataset=dataset, processing_class=tokenizer,
+                             peft_config=_lora_config(policy, settings) if settings.lora else None)
+        _callbacks(trainer, progress, "policy")
+        result = trainer.train()
+        _save_policy(trainer.model, tokenizer, out_dir)
+        log = trainer.state.log_history
+    return {"algorithm": "kto", "examples": len(rows), "positives": positives, "steps": result.global_step,
+            "train_loss": round(result.training_loss, 4), "lora": settings.lora,
+            **_history(log, ("rewards/chosen_sum", "rewards/rejected_sum", "kl", "loss"))}
+
+
+# ---------------------------------------------------------------------------- RLOO
+
+def train_rloo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list[dict]], out_dir: str | Path,
+               settings: PolicySettings = PolicySettings(), device: str = "auto",
+               progress: ProgressFn | None = None) -> dict[str, Any]:
+    """REINFORCE leave-one-out with the trained reward model as the reward function."""
+    from trl import RLOOConfig, RLOOTrainer
+
+    quiet_trl()
+    settings.validate()
+    dev = resolve_device(device)
+    torch.manual_seed(settings.seed)
+    policy, tokenizer = _load_policy(policy_dir)
+    reward = AutoModelForSequenceClassification.from_pretrained(str(reward_dir), num_labels=1)
+    reward.config.pad_token_id = tokenizer.pad_token_id
+    max_prompt = max(8, context_length(policy) - settings.response_length)
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    dataset = Dataset.from_list([{"prompt": t} for t in texts])
+    steps = settings.max_steps or max(1, settings.episodes // settings.batch_size)
+    with tempfile.TemporaryDirectory(prefix="rloo-") as scratch:
+        args = RLOOConfig(**_common_args(dev, settings, scratch), per_device_train_batch_size=settings.batch_size,
+                          num_generations=settings.rloo_generations, max_completion_length=settings.response_length,
+                          max_prompt_length=max_prompt, max_steps=steps, temperature=settings.temperature,
+                          beta=settings.kl_coef)
+        trainer = RLOOTrainer(model=policy, reward_funcs=reward, args=args, train_dataset=dataset,
+                              processing_class=tokenizer, reward_processing_classes=tokenizer,
+                              peft_config=_lora_config(policy, settings) if settings.lora else None)
+        _callbacks(trainer, progress, "policy")
+        result = trainer.train()
+        _save_policy(trainer.model, tokenizer, out_dir)
+        log = trainer.state.log_history
+    return {"algorithm": "rloo", "prompts": len(texts), "steps": result.global_step, "lora": settings.lora,
+            **_history(log, ("reward", "kl", "loss"))}

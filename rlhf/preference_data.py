@@ -1,0 +1,259 @@
+"""Stored feedback -> training data in TRL's column formats.
+
+Rules (each produces rows tagged with their ``source``):
+
+* pairs (``prompt``/``chosen``/``rejected``/``margin``, conversational format):
+  - correction: the user's correction is chosen over the answer it corrects;
+  - compare: the voted winner over the loser (ties and "both bad" give no pair);
+  - siblings: answers to the same question whose thumbs/ratings differ;
+  - same_prompt: answers to the *same first question* in different conversations whose
+    thumbs/ratings clearly differ. This is how unpaired thumbs and stars inform the reward
+    model: a rated answer is compared with other rated answers to the same question.
+  ``margin`` (used by TRL's RewardTrainer as ``-logsigmoid(r_c - r_r - margin)``) is 1.0 for
+  explicit preferences (corrections, votes) and half the score gap for thumbs/ratings pairs.
+* kto (``prompt``/``completion``/``label``): every answer with a thumb or rating (label = score
+  > 0), corrections (True) and the answers they replace (False), vote winners (True) and
+  losers (False), both answers of a "both bad" vote (False).
+* sft (``prompt``/``completion``): the positive half of the kto rows.
+* prompts (``prompt``): every user turn with its history, for PPO/RLOO rollouts.
+
+Conversations are split into train and held-out by a hash of their id, so no conversation
+(and no pair built from one) is on both sides. Duplicates, empty and over-long items are
+dropped and every count is reported.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .records import ConversationRecord, MessageRecord
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    eval_fraction: float = 0.2
+    max_chars: int = 2000  # per prompt/completion; longer items are dropped
+    min_score_gap_siblings: float = 0.5
+    min_score_gap_same_prompt: float = 1.0
+    max_same_prompt_pairs_per_answer: int = 3
+    seed: str = "rlhf"
+
+
+@dataclass
+class DatasetBundle:
+    pairs: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
+    kto: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
+    sft: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
+    prompts: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
+    counts: dict[str, Any] = field(default_factory=dict)
+
+
+def split_of(conversation_id: int, settings: DataSettings) -> str:
+    """"eval" for a stable ``eval_fraction`` of conversations, else "train"."""
+    digest = hashlib.sha256(f"{settings.seed}:{conversation_id}".encode()).digest()
+    return "eval" if int.from_bytes(digest[:8], "big") / 2**64 < settings.eval_fraction else "train"
+
+
+def _history(msg: MessageRecord, by_id: dict[int, MessageRecord]) -> Messages:
+    chain = []
+    node: MessageRecord | None = msg
+    while node is not None:
+        chain.append({"role": node.role, "content": node.content})
+        node = by_id.get(node.parent_id) if node.parent_id is not None else None
+    return list(reversed(chain))
+
+
+def _assistant(text: str) -> Messages:
+    return [{"role": "assistant", "content": text}]
+
+
+def _key(*parts: Any) -> str:
+    return json.dumps(parts, sort_keys=True)
+
+
+class _Collector:
+    """Accumulates rows per split with dedup and length checks, counting every drop."""
+
+    def __init__(self, settings: DataSettings) -> None:
+        self.settings = settings
+        self.rows: dict[str, list[dict]] = {"train": [], "eval": []}
+        self.seen: set[str] = set()
+        self.dropped: Counter = Counter()
+        self.sources: Counter = Counter()
+
+    def add(self, split: str, row: dict, key: str, texts: Iterable[str], source: str) -> None:
+        texts = list(texts)
+        if any(not t.strip() for t in texts):
+            self.dropped["empty"] += 1
+            return
+        if any(len(t) > self.settings.max_chars for t in texts):
+            self.dropped["too_long"] += 1
+            return
+        if key in self.seen:
+            self.dropped["duplicate"] += 1
+            return
+        self.seen.add(key)
+        self.rows[split].append({**row, "source": source})
+        self.sources[source] += 1
+
+
+def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSettings = DataSettings()) -> DatasetBundle:
+    pairs, kto, prompts = _Collector(settings), _Collector(settings), _Collector(settings)
+    totals: Counter = Counter()
+    # answers to first questions, grouped by the question's text, for same_prompt pairs
+    by_question: dict[str, list[tuple[str, int, Messages, str, float]]] = defaultdict(list)
+
+    for conv in conversations:
+        totals["conversations"] += 1
+        split = split_of(conv.id, settings)
+        by_id = {m.id: m for m in conv.messages}
+        children: dict[int, list[MessageRecord]] = defaultdict(list)
+        for m in conv.messages:
+            totals["messages"] += 1
+            if m.parent_id is not None:
+                children[m.parent_id].append(m)
+
+        for m in conv.messages:
+            if m.role == "user":
+                history = _history(m, by_id)
+                text = history_text(history)
+                prompts.add(split, {"prompt": history}, _key(text), [text], "user_turn")
+                continue
+            if m.role != "assistant" or m.parent_id is None or m.parent_id not in by_id:
+                continue
+            prompt = _history(by_id[m.parent_id], by_id)
+            fb = m.feedback
+            if fb is None:
+                continue
+            totals["feedback"] += 1
+            score = fb.score()
+            if score is not None:
+                kto.add(split, {"prompt": prompt, "completion": _assistant(m.content), "label": score > 0},
+                        _key(history_text(prompt), m.content, score > 0), [m.content], "rating")
+                if len(prompt) == 1 and score != 0:
+                    by_question[prompt[0]["content"].strip().lower()].append(
+                        (split, conv.id, prompt, m.content, score))
+            if fb.correction and fb.correction.strip() != m.content.strip():
+                totals["corrections"] += 1
+                pairs.add(split, {"prompt": prompt, "chosen": _assistant(fb.correction),
+                                  "rejected": _assistant(m.content), "margin": 1.0},
+                          _key(history_text(prompt), fb.correction, m.content), [fb.correction, m.content],
+                          "correction")
+                kto.add(split, {"prompt": prompt, "completion": _assistant(fb.correction), "label": True},
+                        _key(history_text(prompt), fb.correction, True), [fb.correction], "correction")
+                kto.add(split, {"prompt": prompt, "completion": _assistant(m.content), "label": False},
+                        _key(history_text(prompt), m.content, False), [m.content], "corrected")
+
+        # siblings: answers to the same question with different thumbs/ratings
+        for parent_id, kids in children.items():
+            scored = [(k, k.feedback.score()) for k in kids if k.role == "assistant" and k.feedback is not None]
+            scored = [(k, s) for k, s in scored if s is not None]
+            prompt = _history(by_id[parent_id], by_id)
+            for i, (a, sa) in enumerate(scored):
+                for b, sb in scored[i + 1:]:
+                    if abs(sa - sb) < settings.min_score_gap_siblings:
+                        continue
+                    win, lose = (a, b) if sa > sb else (b, a)
+                    pairs.add(split, {"prompt": prompt, "chosen": _assistant(win.content),
+                                      "rejected": _assistant(lose.content), "margin": round(abs(sa - sb) / 2, 3)},
+                              _key(history_text(prompt), win.content, lose.content), [win.content, lose.content],
+                              "siblings")
+
+        for c in conv.comparisons:
+            if c.winner is None:
+                continue
+            totals["votes"] += 1
+            a, b = by_id.get(c.a_id), by_id.get(c.b_id)
+            q = by_id.get(c.prompt_message_id)
+            if a is None or b is None or q is None:
+                continue
+            prompt = _history(q, by_id)
+            if c.winner in ("a", "b"):
+                win, lose = (a, b) if c.winner == "a" else (b, a)
+                pairs.add(split, {"prompt": prompt, "chosen": _assistant(win.content),
+                                  "rejected": _assistant(lose.content), "margin": 1.0},
+                          _key(history_text(prompt), win.content, lose.content), [win.content, lose.content],
+                          "compare")
+                kto.add(split, {"prompt": prompt, "completion": _assistant(win.content), "label": True},
+                        _key(history_text(prompt), win.content, True), [win.content], "compare_winner")
+                kto.add(split, {"prompt": prompt, "completion": _assistant(lose.content), "label": False},
+                        _key(history_text(prompt), lose.content, False), [lose.content], "compare_loser")
+            elif c.winner == "both_bad":
+                for m in (a, b):
+                    kto.add(split, {"prompt": prompt, "completion": _assistant(m.content), "label": False},
+                            _key(history_text(prompt), m.content, False), [m.content], "both_bad")
+
+    # same question, different conversations: clearly better vs clearly worse answers
+    for answers in by_question.values():
+        used: Counter = Counter()
+        good = sorted((x for x in answers if x[4] > 0), key=lambda x: -x[4])
+        bad = sorted((x for x in answers if x[4] < 0), key=lambda x: x[4])
+        for g in good:
+            for b in bad:
+                if g[0] != b[0] or g[1] == b[1]:  # both on the same side of the split; siblings are done
+                    continue
+                if g[4] - b[4] < settings.min_score_gap_same_prompt:
+                    continue
+                if used[id(g)] >= settings.max_same_prompt_pairs_per_answer or \
+                        used[id(b)] >= settings.max_same_prompt_pairs_per_answer:
+                    continue
+                used[id(g)] += 1
+                used[id(b)] += 1
+                pairs.add(g[0], {"prompt": g[2], "chosen": _assistant(g[3]), "rejected": _assistant(b[3]),
+                                 "margin": round((g[4] - b[4]) / 2, 3)},
+                          _key(history_text(g[2]), g[3], b[3]), [g[3], b[3]], "same_prompt")
+
+    # pairs whose chosen and rejected texts are identical teach nothing
+    for split in ("train", "eval"):
+        kept = [r for r in pairs.rows[split] if r["chosen"][0]["content"].strip() != r["rejected"][0]["content"].strip()]
+        pairs.dropped["identical"] += len(pairs.rows[split]) - len(kept)
+        pairs.rows[split] = kept
+
+    bundle = DatasetBundle(pairs=pairs.rows, kto=kto.rows, prompts=prompts.rows)
+    bundle.sft = {split: [{"prompt": r["prompt"], "completion": r["completion"], "source": r["source"]}
+                          for r in rows if r["label"]] for split, rows in kto.rows.items()}
+    bundle.counts = {
+        **dict(totals),
+        "pairs": {s: len(r) for s, r in pairs.rows.items()},
+        "pairs_by_source": dict(pairs.sources),
+        "pairs_dropped": dict(pairs.dropped),
+        "kto": {s: len(r) for s, r in kto.rows.items()},
+        "kto_positive": sum(r["label"] for rows in kto.rows.values() for r in rows),
+        "kto_dropped": dict(kto.dropped),
+        "sft": {s: len(r) for s, r in bundle.sft.items()},
+        "prompts": {s: len(r) for s, r in prompts.rows.items()},
+        "prompts_dropped": dict(prompts.dropped),
+    }
+    return bundle
+
+
+def history_text(messages: Messages) -> str:
+    """A template-free rendering, used only for deduplication keys."""
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+def to_standard(row: dict, tokenizer: Any) -> dict:
+    """Conversational row -> standard (text) row rendered with ``tokenizer``'s chat template.
+
+    The prompt ends with the generation prompt and each completion is exactly the text the
+    model would generate after it, ending with EOS -- the same token sequence PPO scores.
+    """
+    prompt_text = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+    out = {"prompt": prompt_text}
+    for key in ("chosen", "rejected", "completion"):
+        if key in row:
+            full = tokenizer.apply_chat_template(row["prompt"] + row[key], tokenize=False)
+            completion = full[len(prompt_text):] if full.startswith(prompt_text) else " " + row[key][0]["content"]
+            eos = tokenizer.eos_token
+            if eos and eos in completion:
+                completion = completion[: completion.index(eos) + len(eos)]
+            out[key] = completion
+    for key in ("label", "margin"):
+        if key in row:
+            out[key] = row[key]
+    return out

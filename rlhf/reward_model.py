@@ -1,0 +1,129 @@
+"""Reward model: TRL's RewardTrainer on preference pairs, from the policy's own backbone.
+
+The model is ``AutoModelForSequenceClassification(num_labels=1)`` loaded from the policy
+directory, so it shares the policy's tokenizer and has the ``score`` head TRL's PPO reads.
+"""
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
+
+from .loading import resolve_device
+from .preference_data import to_standard
+from .trl_utils import quiet_trl, training_precision
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class RewardSettings:
+    epochs: float = 3.0
+    batch_size: int = 16
+    learning_rate: float = 5e-4
+    max_length: int = 256
+    center_rewards_coefficient: float = 0.01
+    seed: int = 0
+    max_steps: int = -1  # -1: epochs decide
+
+
+class _Progress(TrainerCallback):
+    def __init__(self, progress: ProgressFn, stage: str) -> None:
+        self.progress, self.stage = progress, stage
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.progress(self.stage, state.global_step, max(state.max_steps, 1))
+
+
+def load_reward_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Any, Any]:
+    tok = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1)
+    model.config.pad_token_id = tok.pad_token_id
+    return model.to(device).eval(), tok
+
+
+def context_length(model: Any, default: int = 1024) -> int:
+    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(model.config, attr, None)
+        if isinstance(value, int):
+            return value
+    return default
+
+
+@torch.no_grad()
+def score_texts(model: Any, tokenizer: Any, texts: list[str], batch_size: int = 32) -> list[float]:
+    """Reward of each full text (prompt + completion ending with EOS). Over-long texts lose
+    their start, never their end (the reward is read at the last token)."""
+    scores: list[float] = []
+    device = next(model.parameters()).device
+    side = tokenizer.truncation_side
+    tokenizer.truncation_side = "left"
+    try:
+        for i in range(0, len(texts), batch_size):
+            enc = tokenizer(texts[i:i + batch_size], return_tensors="pt", padding=True, truncation=True,
+                            max_length=context_length(model), add_special_tokens=False).to(device)
+            scores.extend(model(**enc).logits.squeeze(-1).float().tolist())
+    finally:
+        tokenizer.truncation_side = side
+    return scores
+
+
+def pairwise_accuracy(model: Any, tokenizer: Any, rows: list[dict]) -> float | None:
+    """Share of standard-format pairs whose chosen text scores above the rejected one."""
+    if not rows:
+        return None
+    chosen = score_texts(model, tokenizer, [r["prompt"] + r["chosen"] for r in rows])
+    rejected = score_texts(model, tokenizer, [r["prompt"] + r["rejected"] for r in rows])
+    return sum(c > r for c, r in zip(chosen, rejected)) / len(rows)
+
+
+def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pairs: list[dict], out_dir: str | Path,
+                       settings: RewardSettings = RewardSettings(), device: str = "auto",
+                       progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Train on conversational pairs (``preference_data`` rows); save to ``out_dir``; return metrics
+    including held-out pairwise accuracy."""
+    from trl import RewardConfig, RewardTrainer
+
+    quiet_trl()
+    dev = resolve_device(device)
+    tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
+    model = AutoModelForSequenceClassification.from_pretrained(str(policy_dir), num_labels=1)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    # The score head starts small so the untrained reward is near zero for every answer.
+    torch.manual_seed(settings.seed)
+    torch.nn.init.normal_(model.score.weight, std=1e-3)
+
+    train_rows = [to_standard(r, tokenizer) for r in train_pairs]
+    eval_rows = [to_standard(r, tokenizer) for r in eval_pairs]
+    columns = ("prompt", "chosen", "rejected", "margin")
+    train_ds = Dataset.from_list([{k: r[k] for k in columns} for r in train_rows])
+
+    steps_per_epoch = math.ceil(len(train_rows) / settings.batch_size)
+    with tempfile.TemporaryDirectory(prefix="reward-") as scratch:
+        args = RewardConfig(
+            output_dir=scratch, num_train_epochs=settings.epochs, max_steps=settings.max_steps,
+            per_device_train_batch_size=settings.batch_size, learning_rate=settings.learning_rate,
+            max_length=min(settings.max_length, context_length(model)), center_rewards_coefficient=settings.center_rewards_coefficient,
+            lr_scheduler_type="linear", warmup_steps=max(1, steps_per_epoch // 4), weight_decay=0.0,
+            logging_steps=max(1, steps_per_epoch), save_strategy="no", report_to=[], disable_tqdm=True,
+            seed=settings.seed, data_seed=settings.seed, use_cpu=dev.type == "cpu", dataloader_num_workers=0,
+            **training_precision(dev))
+        trainer = RewardTrainer(model=model, args=args, train_dataset=train_ds, processing_class=tokenizer,
+                                callbacks=[_Progress(progress, "reward")] if progress else None)
+        result = trainer.train()
+    model = trainer.model.eval()
+    metrics = {
+        "train_pairs": len(train_rows), "eval_pairs": len(eval_rows), "steps": result.global_step,
+        "train_loss": round(result.training_loss, 4),
+        "train_accuracy": pairwise_accuracy(model, tokenizer, train_rows),
+        "heldout_accuracy": pairwise_accuracy(model, tokenizer, eval_rows),
+    }
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    return metrics
