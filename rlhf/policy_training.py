@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from .loading import resolve_device
 from .preference_data import to_standard
 from .reward_model import context_length
-from .trl_utils import quiet_trl, training_precision
+from .trl_utils import drop_printer, quiet_trl, training_precision
 
 ProgressFn = Callable[[str, int, int], None]
 ALGORITHMS = ("ppo", "dpo", "kto", "rloo")
@@ -66,9 +66,7 @@ class _Progress(TrainerCallback):
 
 
 def _callbacks(trainer: Any, progress: ProgressFn | None, stage: str) -> None:
-    from transformers import PrinterCallback
-
-    trainer.remove_callback(PrinterCallback)  # logs go to the run's metrics, not stdout
+    drop_printer(trainer)
     trainer.add_callback(_Progress(progress, stage))
 
 

@@ -17,7 +17,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trai
 
 from .loading import resolve_device
 from .preference_data import to_standard
-from .trl_utils import quiet_trl, training_precision
+from .trl_utils import drop_printer, quiet_trl, training_precision
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -31,6 +31,7 @@ class RewardSettings:
     center_rewards_coefficient: float = 0.01
     seed: int = 0
     max_steps: int = -1  # -1: epochs decide
+    min_steps: int = 40  # small datasets get more epochs, up to this many optimisation steps
 
 
 class _Progress(TrainerCallback):
@@ -105,9 +106,10 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
     train_ds = Dataset.from_list([{k: r[k] for k in columns} for r in train_rows])
 
     steps_per_epoch = math.ceil(len(train_rows) / settings.batch_size)
+    epochs = max(settings.epochs, math.ceil(settings.min_steps / max(1, steps_per_epoch)))
     with tempfile.TemporaryDirectory(prefix="reward-") as scratch:
         args = RewardConfig(
-            output_dir=scratch, num_train_epochs=settings.epochs, max_steps=settings.max_steps,
+            output_dir=scratch, num_train_epochs=epochs, max_steps=settings.max_steps,
             per_device_train_batch_size=settings.batch_size, learning_rate=settings.learning_rate,
             max_length=min(settings.max_length, context_length(model)), center_rewards_coefficient=settings.center_rewards_coefficient,
             lr_scheduler_type="linear", warmup_steps=max(1, steps_per_epoch // 4), weight_decay=0.0,
@@ -116,6 +118,7 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
             **training_precision(dev))
         trainer = RewardTrainer(model=model, args=args, train_dataset=train_ds, processing_class=tokenizer,
                                 callbacks=[_Progress(progress, "reward")] if progress else None)
+        drop_printer(trainer)
         result = trainer.train()
     model = trainer.model.eval()
     metrics = {

@@ -23,3 +23,13 @@ def quiet_trl() -> None:
     warnings.filterwarnings("ignore", message=".*experimental.*")
     warnings.filterwarnings("ignore", message=".*loss_type=None.*")
     logging.getLogger("transformers.modeling_utils").setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+
+
+def drop_printer(trainer: Any) -> None:
+    """Trainer logs go into the run's metrics, not to stdout."""
+    from transformers import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)

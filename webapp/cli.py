@@ -1,6 +1,7 @@
 """Operator commands: ``flask --app webapp <command>`` (see DESIGN.md "CLI contract")."""
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import click
@@ -16,6 +17,8 @@ def init_app(app: Flask) -> None:
     app.cli.add_command(init_db_command)
     app.cli.add_command(init_model_command)
     app.cli.add_command(serve_command)
+    app.cli.add_command(rl_train_command)
+    app.cli.add_command(export_feedback_command)
 
 
 @click.command("init-db")
@@ -79,3 +82,81 @@ def serve_command(host: str, port: int, threads: int, workers: int) -> None:
     click.echo(f"Serving on http://{host}:{port}/", err=True)
     sys.argv = sys.argv[:1]  # gunicorn parses argv; ours are already consumed
     _Server().run()
+
+
+@click.command("rl-train")
+@click.option("--algorithm", type=click.Choice(["ppo", "dpo", "kto", "rloo"]), default="ppo", show_default=True)
+@click.option("--min-feedback", type=int, default=None,
+              help="Refuse below this many feedback events [default: RLHF_RETRAIN_MIN_FEEDBACK].")
+@click.option("--max-steps", type=int, default=None, help="Cap on policy optimisation steps.")
+@click.option("--lora/--no-lora", default=None, help="Train a LoRA adapter (merged into the new version).")
+@click.option("--trigger", type=click.Choice(["cli", "manual", "schedule"]), default="cli", hidden=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON summary object at the end.")
+def rl_train_command(algorithm: str, min_feedback: int | None, max_steps: int | None, lora: bool | None,
+                     trigger: str, as_json: bool) -> None:
+    """Run one training cycle: feedback -> reward model -> policy -> evaluation gate -> new version.
+
+    Exit codes: 0 new candidate version; 3 the evaluation gate rejected it (stored as failed);
+    2 refused to start (not enough feedback, another run in progress, invalid setting);
+    1 the run failed (marked failed; the active version is unchanged).
+    """
+    from .training import EXIT_FAILED, EXIT_GATE_REJECTED, EXIT_REFUSED, RunRefused, dumps, run_training
+
+    bars = StageBars(disable=not sys.stderr.isatty())
+    try:
+        # Libraries print to stdout during training; keep stdout for the result alone.
+        with bars, contextlib.redirect_stdout(sys.stderr):
+            result = run_training(trigger=trigger, algorithm=algorithm, min_feedback=min_feedback,
+                                  max_steps=max_steps, lora=lora, bars=bars)
+    except RunRefused as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(EXIT_REFUSED)
+    except Exception as exc:  # the run is already marked failed in the database
+        click.echo(f"Error: training run failed: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    if as_json:
+        click.echo(dumps(result))
+    else:
+        ev, rm, version = result["evaluation"], result["reward_model"], result["version"]
+        click.echo(f"Run #{result['run_id']} {result['status']}: {version['name']} registered as {version['status']}")
+        click.echo(f"  reward model held-out accuracy: {rm['heldout_accuracy']} "
+                   f"({rm['train_pairs']} train / {rm['eval_pairs']} held-out pairs)")
+        click.echo(f"  held-out mean reward: parent {ev['before']['mean_reward']} -> candidate "
+                   f"{ev['after']['mean_reward']} (gain {ev['reward_gain']}), KL {ev['kl_from_parent']}")
+        if not ev["passed"]:
+            click.echo(f"  rejected by the evaluation gate: {'; '.join(ev['reasons'])}")
+    if result["decision"] == "rejected_by_gate":
+        sys.exit(EXIT_GATE_REJECTED)
+
+
+@click.command("export-feedback")
+@click.option("--format", "fmt", type=click.Choice(["pairs", "kto", "sft", "raw"]), required=True)
+@click.option("--output", type=click.Path(dir_okay=False, writable=True), required=True,
+              help="JSONL file to write ('-' for standard output).")
+def export_feedback_command(fmt: str, output: str) -> None:
+    """Write stored feedback as JSONL in TRL's column names (pairs: prompt/chosen/rejected,
+    kto: prompt/completion/label, sft: prompt/completion; raw: whole conversations)."""
+    import json
+    from dataclasses import asdict
+
+    from rlhf.preference_data import build_datasets
+
+    from .training import feedback_records
+
+    records = feedback_records()
+    if fmt == "raw":
+        rows = [asdict(r) for r in records]
+    else:
+        bundle = build_datasets(records)
+        data = {"pairs": bundle.pairs, "kto": bundle.kto, "sft": bundle.sft}[fmt]
+        rows = [{**row, "split": split} for split in ("train", "eval") for row in data[split]]
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    if output == "-":
+        click.echo(text, nl=False)
+    else:
+        tmp = f"{output}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        import os
+        os.replace(tmp, output)  # never a half-written export
+        click.echo(f"Wrote {len(rows)} {fmt} rows to {output}", err=True)

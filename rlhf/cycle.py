@@ -1,0 +1,147 @@
+"""One training cycle: feedback records -> datasets -> reward model -> policy -> evaluation gate.
+
+Pure ML orchestration: plain records and directories in, directories and a metrics dict out.
+The caller (webapp's training runner) decides where things are stored and what the database
+says about them.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .evaluation import EvalSettings, GateThresholds, evaluate_candidate
+from .policy_training import ALGORITHMS, PolicySettings, train_dpo, train_kto, train_ppo, train_rloo
+from .preference_data import DataSettings, DatasetBundle, build_datasets
+from .records import ConversationRecord
+from .reward_model import RewardSettings, train_reward_model
+
+ProgressFn = Callable[[str, int, int], None]
+LogFn = Callable[[str], None]
+
+STAGES = ("data", "reward", "policy", "evaluate")
+# Share of the whole cycle each stage takes (for one overall progress number).
+STAGE_WEIGHTS = {"data": 0.05, "reward": 0.25, "policy": 0.5, "evaluate": 0.2}
+
+
+class NotEnoughData(ValueError):
+    """The feedback does not (yet) support a training cycle; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class CycleSettings:
+    algorithm: str = "ppo"
+    min_pairs: int = 8
+    min_prompts: int = 4
+    data: DataSettings = field(default_factory=DataSettings)
+    reward: RewardSettings = field(default_factory=RewardSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    gate: GateThresholds = field(default_factory=GateThresholds)
+    evaluation: EvalSettings = field(default_factory=EvalSettings)
+    device: str = "auto"
+
+    def validate(self) -> "CycleSettings":
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {self.algorithm!r} (choose from {', '.join(ALGORITHMS)})")
+        self.policy.validate()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class CycleResult:
+    counts: dict[str, Any]
+    reward: dict[str, Any]
+    policy: dict[str, Any]
+    evaluation: dict[str, Any]
+    timings: dict[str, float]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.evaluation.get("passed"))
+
+
+def overall_progress(stage: str, done: int, total: int) -> float:
+    """0..1 over the whole cycle from one stage's progress."""
+    before = sum(STAGE_WEIGHTS[s] for s in STAGES[: STAGES.index(stage)]) if stage in STAGES else 0.0
+    return min(1.0, before + STAGE_WEIGHTS.get(stage, 0.0) * (done / max(1, total)))
+
+
+def prepare_data(conversations: list[ConversationRecord], settings: CycleSettings) -> DatasetBundle:
+    bundle = build_datasets(conversations, settings.data)
+    n_pairs = len(bundle.pairs["train"])
+    if settings.algorithm == "kto":
+        labels = [r["label"] for r in bundle.kto["train"]]
+        if not any(labels) or all(labels):
+            raise NotEnoughData(f"not enough feedback yet: KTO needs both good and bad rated answers "
+                                f"(have {sum(labels)} good, {len(labels) - sum(labels)} bad)")
+    if n_pairs < settings.min_pairs:
+        raise NotEnoughData(f"not enough feedback yet: {n_pairs} preference pairs for training, "
+                            f"need at least {settings.min_pairs} (corrections, compare votes, or differing "
+                            "ratings on answers to the same question)")
+    if len(bundle.prompts["train"]) + len(bundle.prompts["eval"]) < settings.min_prompts:
+        raise NotEnoughData(f"not enough feedback yet: need at least {settings.min_prompts} user prompts")
+    return bundle
+
+
+def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, reward_dir: str | Path,
+              policy_dir: str | Path, settings: CycleSettings = CycleSettings(),
+              progress: ProgressFn | None = None, log: LogFn | None = None,
+              bundle: DatasetBundle | None = None) -> CycleResult:
+    """Run every stage. Writes the reward model to ``reward_dir`` and the new policy to
+    ``policy_dir`` (both must not exist yet or be empty). Raises NotEnoughData before any
+    training when the data cannot support it."""
+    settings.validate()
+    report = progress or (lambda *a: None)
+    say = log or (lambda line: None)
+    timings: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    report("data", 0, 1)
+    bundle = bundle or prepare_data(conversations, settings)
+    timings["data"] = time.perf_counter() - t0
+    report("data", 1, 1)
+    say(f"data: {bundle.counts['pairs']['train']} train / {bundle.counts['pairs']['eval']} held-out pairs, "
+        f"{bundle.counts['prompts']['train']} train / {bundle.counts['prompts']['eval']} held-out prompts")
+
+    t0 = time.perf_counter()
+    reward_metrics = train_reward_model(parent_dir, bundle.pairs["train"], bundle.pairs["eval"], reward_dir,
+                                        settings.reward, settings.device, report)
+    timings["reward"] = time.perf_counter() - t0
+    say(f"reward model: held-out accuracy {reward_metrics['heldout_accuracy']}, "
+        f"train accuracy {reward_metrics['train_accuracy']}")
+
+    t0 = time.perf_counter()
+    train_prompts = [r["prompt"] for r in bundle.prompts["train"]] or [r["prompt"] for r in bundle.prompts["eval"]]
+    algo = settings.algorithm
+    if algo == "ppo":
+        policy_metrics = train_ppo(parent_dir, reward_dir, train_prompts, policy_dir, settings.policy,
+                                   settings.device, report)
+    elif algo == "rloo":
+        policy_metrics = train_rloo(parent_dir, reward_dir, train_prompts, policy_dir, settings.policy,
+                                    settings.device, report)
+    elif algo == "dpo":
+        policy_metrics = train_dpo(parent_dir, bundle.pairs["train"], policy_dir, settings.policy,
+                                   settings.device, report)
+    else:
+        policy_metrics = train_kto(parent_dir, bundle.kto["train"], policy_dir, settings.policy,
+                                   settings.device, report)
+    timings["policy"] = time.perf_counter() - t0
+    say(f"policy ({algo}): {policy_metrics}")
+
+    t0 = time.perf_counter()
+    eval_prompts = [r["prompt"] for r in bundle.prompts["eval"]]
+    if len(eval_prompts) < settings.min_prompts:  # too few held-out prompts: say so, use training ones
+        say(f"evaluate: only {len(eval_prompts)} held-out prompts; adding training prompts")
+        eval_prompts = eval_prompts + train_prompts
+    evaluation = evaluate_candidate(policy_dir, parent_dir, reward_dir, eval_prompts, settings.gate,
+                                    settings.evaluation, settings.device, report)
+    timings["evaluate"] = time.perf_counter() - t0
+    say(f"evaluate: parent reward {evaluation['parent']['mean_reward']}, candidate "
+        f"{evaluation['candidate']['mean_reward']}, KL {evaluation['kl_from_parent']}, "
+        f"{'passed' if evaluation['passed'] else 'failed: ' + '; '.join(evaluation['reasons'])}")
+    return CycleResult(counts=bundle.counts, reward=reward_metrics, policy=policy_metrics, evaluation=evaluation,
+                       timings={k: round(v, 2) for k, v in timings.items()})

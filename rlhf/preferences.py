@@ -1,0 +1,59 @@
+"""Preference functions: what a (simulated) user likes in an answer.
+
+Each function maps (question, answer) to a satisfaction in [0, 1]; an answer "satisfies the
+preference" when it scores at least 0.5. Adding one is a few lines: write the function and
+register it in ``PREFERENCES``.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from .corpus import POLITE_MARKERS, RAMBLE_FILLERS, RUDE_MARKERS, TOPICS, topic_of
+
+PreferenceFn = Callable[[str, str], float]
+
+_RAMBLE = tuple(f.lower() for f in RAMBLE_FILLERS)
+_TIPS_BY_TOPIC = {t.name: {tip.lower() for task in t.tasks for tip in task.tips} | {f.lower() for f in t.facts}
+                  for t in TOPICS}
+
+
+def polite(question: str, answer: str) -> float:
+    """Polite over rude: any rude phrase ruins it; a friendly opener or closer helps."""
+    a = answer.lower()
+    if not a.strip() or any(m in a for m in RUDE_MARKERS):
+        return 0.0
+    return 1.0 if any(m in a for m in POLITE_MARKERS) else 0.7
+
+
+def on_topic(question: str, answer: str) -> float:
+    """On-topic over off-topic: the answer's advice must come from the question's topic."""
+    topic = topic_of(question)
+    a = answer.lower()
+    if topic is None or not a.strip():
+        return 0.0
+    own = sum(tip in a for tip in _TIPS_BY_TOPIC[topic.name])
+    other = sum(tip in a for name, tips in _TIPS_BY_TOPIC.items() if name != topic.name for tip in tips)
+    if own == 0 and other == 0:  # no recognisable advice: fall back to the topic's keywords
+        words = set(re.findall(r"[a-z]+", a))
+        return 0.6 if words & set(topic.keywords) else 0.0
+    return own / (own + other)
+
+
+def concise(question: str, answer: str) -> float:
+    """Concise over rambling: short answers without filler sentences."""
+    a = answer.lower()
+    words = len(a.split())
+    if words == 0:
+        return 0.0
+    fillers = sum(f in a for f in _RAMBLE)
+    if fillers:
+        return max(0.0, 0.4 - 0.1 * fillers)
+    return 1.0 if words <= 30 else max(0.0, 1.0 - (words - 30) / 30)
+
+
+PREFERENCES: dict[str, PreferenceFn] = {"polite": polite, "on_topic": on_topic, "concise": concise}
+
+
+def satisfies(name: str, question: str, answer: str) -> bool:
+    return PREFERENCES[name](question, answer) >= 0.5
