@@ -6,6 +6,7 @@ says about them.
 """
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -58,6 +59,7 @@ class CycleResult:
     policy: dict[str, Any]
     evaluation: dict[str, Any]
     timings: dict[str, float]
+    peak_rss_mb: dict[str, float] = field(default_factory=dict)  # process peak so far, at the end of each stage
 
     @property
     def passed(self) -> bool:
@@ -98,11 +100,16 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
     report = progress or (lambda *a: None)
     say = log or (lambda line: None)
     timings: dict[str, float] = {}
+    peaks: dict[str, float] = {}
+
+    def peak() -> float:
+        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
     t0 = time.perf_counter()
     report("data", 0, 1)
     bundle = bundle or prepare_data(conversations, settings)
     timings["data"] = time.perf_counter() - t0
+    peaks["data"] = peak()
     report("data", 1, 1)
     say(f"data: {bundle.counts['pairs']['train']} train / {bundle.counts['pairs']['eval']} held-out pairs, "
         f"{bundle.counts['prompts']['train']} train / {bundle.counts['prompts']['eval']} held-out prompts")
@@ -111,6 +118,7 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
     reward_metrics = train_reward_model(parent_dir, bundle.pairs["train"], bundle.pairs["eval"], reward_dir,
                                         settings.reward, settings.device, report)
     timings["reward"] = time.perf_counter() - t0
+    peaks["reward"] = peak()
     say(f"reward model: held-out accuracy {reward_metrics['heldout_accuracy']}, "
         f"train accuracy {reward_metrics['train_accuracy']}")
 
@@ -130,6 +138,7 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
         policy_metrics = train_kto(parent_dir, bundle.kto["train"], policy_dir, settings.policy,
                                    settings.device, report)
     timings["policy"] = time.perf_counter() - t0
+    peaks["policy"] = peak()
     say(f"policy ({algo}): {policy_metrics}")
 
     t0 = time.perf_counter()
@@ -140,8 +149,9 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
     evaluation = evaluate_candidate(policy_dir, parent_dir, reward_dir, eval_prompts, settings.gate,
                                     settings.evaluation, settings.device, report)
     timings["evaluate"] = time.perf_counter() - t0
+    peaks["evaluate"] = peak()
     say(f"evaluate: parent reward {evaluation['parent']['mean_reward']}, candidate "
         f"{evaluation['candidate']['mean_reward']}, KL {evaluation['kl_from_parent']}, "
         f"{'passed' if evaluation['passed'] else 'failed: ' + '; '.join(evaluation['reasons'])}")
     return CycleResult(counts=bundle.counts, reward=reward_metrics, policy=policy_metrics, evaluation=evaluation,
-                       timings={k: round(v, 2) for k, v in timings.items()})
+                       timings={k: round(v, 2) for k, v in timings.items()}, peak_rss_mb=peaks)

@@ -247,13 +247,17 @@ def train_rloo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[lis
     reward = AutoModelForSequenceClassification.from_pretrained(str(reward_dir), num_labels=1)
     reward.config.pad_token_id = tokenizer.pad_token_id
     max_prompt = max(8, context_length(policy) - settings.response_length)
-    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    texts = []
+    for p in prompts:  # keep the end of over-long prompts so prompt + answer fit the context
+        ids = tokenizer(tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True),
+                        add_special_tokens=False)["input_ids"]
+        texts.append(tokenizer.decode(ids[-max_prompt:]))
     dataset = Dataset.from_list([{"prompt": t} for t in texts])
     steps = settings.max_steps or max(1, settings.episodes // settings.batch_size)
     with tempfile.TemporaryDirectory(prefix="rloo-") as scratch:
         args = RLOOConfig(**_common_args(dev, settings, scratch), per_device_train_batch_size=settings.batch_size,
                           num_generations=settings.rloo_generations, max_completion_length=settings.response_length,
-                          max_prompt_length=max_prompt, max_steps=steps, temperature=settings.temperature,
+                          max_steps=steps, temperature=settings.temperature,
                           beta=settings.kl_coef)
         trainer = RLOOTrainer(model=policy, reward_funcs=reward, args=args, train_dataset=dataset,
                               processing_class=tokenizer, reward_processing_classes=tokenizer,

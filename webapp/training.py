@@ -230,7 +230,8 @@ def run_training(trigger: str = "cli", algorithm: str = "ppo", min_feedback: int
 
             status = "candidate" if result.passed else "failed"
             metrics = {"reward_model": result.reward, "policy": result.policy, "evaluation": result.evaluation,
-                       "counts": result.counts, "timings": result.timings, "reward_model_path": str(reward_path)}
+                       "counts": result.counts, "timings": result.timings, "peak_rss_mb": result.peak_rss_mb,
+                       "reward_model_path": str(reward_path)}
 
             def move_policy(tmp: Path) -> dict:
                 for item in (workdir / "policy").iterdir():
@@ -289,6 +290,7 @@ def summary(run: TrainingRun, version: ModelVersion | None) -> dict[str, Any]:
                      "parent": version.parent.name if version.parent else None} if version else None),
         "decision": m.get("decision"),
         "timings_s": m.get("timings"),
+        "peak_rss_mb": m.get("peak_rss_mb"),
         "error": run.error,
     }
 

@@ -1,0 +1,123 @@
+"""Every dataset rule of rlhf.preference_data, on hand-built records."""
+from __future__ import annotations
+
+from transformers import AutoTokenizer
+
+from rlhf.preference_data import DataSettings, build_datasets, split_of, to_standard
+from rlhf.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
+
+ALL_TRAIN = DataSettings(eval_fraction=0.0)
+
+
+def conv(cid, answers, question="How do I cook rice?", comparisons=(), extra=()):
+    """A conversation: one question (id cid*100) and answers (content, feedback) as siblings."""
+    q = MessageRecord(cid * 100, "user", question)
+    msgs = [q] + [MessageRecord(cid * 100 + i + 1, "assistant", text, q.id, fb) for i, (text, fb) in enumerate(answers)]
+    return ConversationRecord(cid, tuple(msgs) + tuple(extra), tuple(comparisons))
+
+
+def texts(row):
+    return row["chosen"][0]["content"], row["rejected"][0]["content"]
+
+
+def test_score_folds_thumbs_and_ratings():
+    assert FeedbackRecord(thumb="up").score() == 1.0
+    assert FeedbackRecord(thumb="down", rating=1).score() == -1.0
+    assert FeedbackRecord(rating=4).score() == 0.5
+    assert FeedbackRecord(thumb="up", rating=2).score() == 0.25
+    assert FeedbackRecord(comment="meh").score() is None
+
+
+def test_correction_is_chosen_over_the_answer_it_corrects():
+    b = build_datasets([conv(1, [("Ugh, rinse it.", FeedbackRecord(correction="Rinse it in cold water."))])], ALL_TRAIN)
+    [row] = b.pairs["train"]
+    assert texts(row) == ("Rinse it in cold water.", "Ugh, rinse it.")
+    assert row["source"] == "correction" and row["margin"] == 1.0
+    assert row["prompt"] == [{"role": "user", "content": "How do I cook rice?"}]
+    labels = {(r["completion"][0]["content"], r["label"]) for r in b.kto["train"]}
+    assert labels == {("Rinse it in cold water.", True), ("Ugh, rinse it.", False)}
+    assert b.counts["corrections"] == 1
+
+
+def test_compare_votes_make_pairs_ties_do_not_and_both_bad_are_negatives():
+    records = [
+        conv(1, [("A1", None), ("B1", None)], comparisons=[ComparisonRecord(1, 100, 101, 102, "b")]),
+        conv(2, [("A2", None), ("B2", None)], comparisons=[ComparisonRecord(2, 200, 201, 202, "tie")]),
+        conv(3, [("A3", None), ("B3", None)], comparisons=[ComparisonRecord(3, 300, 301, 302, "both_bad")]),
+        conv(4, [("A4", None), ("B4", None)], comparisons=[ComparisonRecord(4, 400, 401, 402, None)]),
+    ]
+    b = build_datasets(records, ALL_TRAIN)
+    assert [texts(r) for r in b.pairs["train"]] == [("B1", "A1")]
+    kto = {(r["completion"][0]["content"], r["label"]) for r in b.kto["train"]}
+    assert kto == {("B1", True), ("A1", False), ("A3", False), ("B3", False)}
+    assert b.counts["votes"] == 3
+
+
+def test_siblings_with_different_ratings_make_pairs_with_margins():
+    b = build_datasets([conv(1, [("good", FeedbackRecord(thumb="up", rating=5)),
+                                 ("bad", FeedbackRecord(thumb="down", rating=1)),
+                                 ("also good", FeedbackRecord(thumb="up"))])], ALL_TRAIN)
+    pairs = {texts(r): r["margin"] for r in b.pairs["train"]}
+    assert pairs == {("good", "bad"): 1.0, ("also good", "bad"): 1.0}  # good vs also good: no gap
+    assert all(r["source"] == "siblings" for r in b.pairs["train"])
+
+
+def test_unpaired_ratings_pair_up_across_conversations_with_the_same_question():
+    records = [conv(i, [(f"answer {i}", FeedbackRecord(thumb="up" if i % 2 else "down"))],
+                    question="How do I cook rice?  ") for i in range(1, 5)]
+    b = build_datasets(records, ALL_TRAIN)
+    assert b.counts["pairs_by_source"] == {"same_prompt": 4}
+    for row in b.pairs["train"]:
+        good, bad = texts(row)
+        assert int(good.split()[1]) % 2 == 1 and int(bad.split()[1]) % 2 == 0
+
+
+def test_split_is_by_conversation_and_never_leaks():
+    settings = DataSettings(eval_fraction=0.5)
+    records = [conv(i, [(f"good {i}", FeedbackRecord(thumb="up")), (f"bad {i}", FeedbackRecord(thumb="down"))],
+                    question=f"Question {i % 3}?") for i in range(1, 41)]
+    b = build_datasets(records, settings)
+    assert b.pairs["train"] and b.pairs["eval"]
+    for split in ("train", "eval"):
+        for row in b.pairs[split] + b.kto[split]:
+            for key in ("chosen", "rejected", "completion"):
+                if key in row:
+                    cid = int(row[key][0]["content"].split()[1])
+                    assert split_of(cid, settings) == split
+    assert split_of(7, settings) == split_of(7, settings)
+
+
+def test_duplicates_empty_and_over_long_items_are_dropped_and_counted():
+    fb_up, fb_down = FeedbackRecord(thumb="up"), FeedbackRecord(thumb="down")
+    records = [conv(1, [("same good", fb_up), ("same bad", fb_down)]),
+               conv(2, [("same good", fb_up), ("same bad", fb_down)], question="How do I cook rice?"),
+               conv(3, [("x" * 50, fb_up), ("short", fb_down)], question="Long one?"),
+               conv(4, [("   ", fb_up), ("fine", fb_down)], question="Empty one?"),
+               conv(5, [("identical", FeedbackRecord(correction="identical"))], question="Same?")]
+    b = build_datasets(records, DataSettings(eval_fraction=0.0, max_chars=40))
+    c = b.counts
+    assert c["pairs_dropped"]["duplicate"] >= 1 and c["pairs_dropped"]["too_long"] == 1
+    assert c["pairs_dropped"]["empty"] == 1
+    assert [texts(r) for r in b.pairs["train"]] == [("same good", "same bad")]
+    assert c["kto_dropped"]["duplicate"] >= 2
+
+
+def test_prompts_carry_the_history_and_sft_takes_positives():
+    q1 = MessageRecord(1, "user", "How do I cook rice?")
+    a1 = MessageRecord(2, "assistant", "Rinse it.", 1, FeedbackRecord(thumb="up"))
+    q2 = MessageRecord(3, "user", "And then?", 2)
+    a2 = MessageRecord(4, "assistant", "Ugh.", 3, FeedbackRecord(thumb="down"))
+    b = build_datasets([ConversationRecord(1, (q1, a1, q2, a2))], ALL_TRAIN)
+    assert [len(r["prompt"]) for r in b.prompts["train"]] == [1, 3]
+    assert b.prompts["train"][1]["prompt"][-1] == {"role": "user", "content": "And then?"}
+    assert [r["completion"][0]["content"] for r in b.sft["train"]] == ["Rinse it."]
+    assert b.kto["train"][1]["prompt"][1]["content"] == "Rinse it."
+
+
+def test_standard_format_matches_what_ppo_scores(micro_model_dir):
+    tok = AutoTokenizer.from_pretrained(micro_model_dir)
+    row = {"prompt": [{"role": "user", "content": "Hi?"}], "chosen": [{"role": "assistant", "content": "Hello."}],
+           "rejected": [{"role": "assistant", "content": "Go away."}], "margin": 1.0}
+    std = to_standard(row, tok)
+    assert std == {"prompt": "User: Hi?\nAssistant:", "chosen": " Hello.<|endoftext|>",
+                   "rejected": " Go away.<|endoftext|>", "margin": 1.0}

@@ -1,0 +1,166 @@
+"""`rl-train` and `export-feedback` end to end on the micro model: runs, refusals, crashes."""
+from __future__ import annotations
+
+import fcntl
+import json
+
+import pytest
+from click.testing import CliRunner
+from flask.cli import FlaskGroup
+
+from rlhf import registry
+from tests.conftest import make_app, register_model
+from tests.feedback_factory import seed_feedback
+from webapp import create_app
+from webapp.extensions import db
+from webapp.models import Conversation, ModelVersion, TrainingRun
+
+pytestmark = pytest.mark.slow
+
+FAST = {"RLHF_PPO_EPISODES": "32", "RLHF_POLICY_LR": "1e-3"}
+
+
+@pytest.fixture
+def instance(tmp_path, micro_model_dir, monkeypatch):
+    inst = tmp_path / "instance"
+    register_model(make_app(inst), micro_model_dir)
+    monkeypatch.setenv("RLHF_INSTANCE_DIR", str(inst))
+    monkeypatch.setenv("RLHF_DEVICE", "cpu")
+    for k, v in FAST.items():
+        monkeypatch.setenv(k, v)
+    return inst
+
+
+def cli(*args):
+    return CliRunner().invoke(FlaskGroup(create_app=lambda: create_app()), list(args))
+
+
+def state(inst):
+    app = make_app(inst)
+    with app.app_context():
+        runs = [(r.status, r.error) for r in db.session.scalars(db.select(TrainingRun).order_by(TrainingRun.id))]
+        versions = [(v.name, v.status) for v in db.session.scalars(db.select(ModelVersion).order_by(ModelVersion.id))]
+    return runs, versions
+
+
+def test_refuses_without_enough_feedback(instance):
+    result = cli("rl-train")
+    assert result.exit_code == 2
+    assert "Error: not enough feedback yet: 0 feedback events, need at least 50" in result.output
+    assert state(instance) == ([], [("v1-base", "active")])
+
+
+def test_refuses_when_feedback_gives_no_pairs(instance):
+    seed_feedback(make_app(instance), 3, correction_rate=0, vote_rate=0)
+    result = cli("rl-train", "--min-feedback", "0")
+    assert result.exit_code == 2 and "preference pairs for training" in result.output
+    assert state(instance)[0] == []
+
+
+@pytest.mark.parametrize("args,needle", [(["--max-steps", "0"], "--max-steps must be at least 1"),
+                                         (["--min-feedback", "-1"], "--min-feedback must be >= 0"),
+                                         (["--algorithm", "sft"], "Invalid value for '--algorithm'")])
+def test_refuses_invalid_settings(instance, args, needle):
+    result = cli("rl-train", *args)
+    assert result.exit_code == 2 and needle in result.output
+    assert state(instance)[0] == []
+
+
+def test_refuses_while_another_run_holds_the_lock(instance):
+    seed_feedback(make_app(instance), 40)
+    with open(instance / "training.lock", "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # as a running training process would
+        result = cli("rl-train", "--min-feedback", "10")
+    assert result.exit_code == 2 and "another training run is in progress" in result.output
+    assert state(instance)[0] == []
+
+
+def test_full_cycle_registers_a_version_and_recovers_a_dead_run(instance):
+    app = make_app(instance)
+    events = seed_feedback(app, 60)
+    with app.app_context():  # a run whose process died without cleaning up
+        db.session.add(TrainingRun(trigger="cli", status="running", stage="policy", pid=999999, hostname="gone"))
+        db.session.commit()
+    result = cli("rl-train", "--min-feedback", "10", "--json")
+    assert result.exit_code in (0, 3), result.output
+    out = json.loads(result.stdout)
+    assert set(out) >= {"run_id", "status", "data_counts", "reward_model", "policy", "evaluation", "version", "decision"}
+    assert out["status"] == "succeeded" and out["data_counts"]["events"] == events
+    assert out["reward_model"]["heldout_accuracy"] is not None and out["reward_model"]["train_pairs"] > 0
+    assert out["evaluation"]["before"]["mean_reward"] is not None and out["evaluation"]["after"]["mean_reward"] is not None
+    assert out["policy"]["algorithm"] == "ppo" and out["policy"]["updates"] == 2
+    assert (result.exit_code == 0) == (out["decision"] == "candidate") == out["evaluation"]["passed"]
+    version = out["version"]
+    assert version["name"] == "v2-ppo" and version["parent"] == "v1-base"
+    assert version["status"] == ("candidate" if out["evaluation"]["passed"] else "failed")
+    assert registry.is_complete(version["path"])
+    lineage = json.loads((instance / "models" / "v2-ppo" / "version.json").read_text())
+    assert lineage["parent"] == "v1-base" and lineage["training_run"] == out["run_id"]
+    assert lineage["data_counts"]["pairs"] == out["data_counts"]["pairs"]
+    assert (instance / "runs" / f"run-{out['run_id']}" / "reward_model" / "config.json").is_file()
+    runs, versions = state(instance)
+    assert runs[0][0] == "failed" and "died" in runs[0][1]  # the dead run was recovered
+    assert runs[1] == ("succeeded", None)
+    assert versions == [("v1-base", "active"), ("v2-ppo", version["status"])]  # active unchanged
+
+
+def test_alternative_algorithm_through_the_cli(instance):
+    seed_feedback(make_app(instance), 40)
+    result = cli("rl-train", "--min-feedback", "10", "--algorithm", "dpo", "--max-steps", "2", "--json")
+    assert result.exit_code in (0, 3), result.output
+    out = json.loads(result.stdout)
+    assert out["policy"]["algorithm"] == "dpo" and out["version"]["name"] == "v2-dpo"
+
+
+def test_crash_midway_leaves_active_version_and_store_consistent(instance, monkeypatch):
+    import rlhf.cycle
+
+    seed_feedback(make_app(instance), 40)
+
+    def crash(policy_dir, reward_dir, prompts, out_dir, *a, **k):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.json").write_text("{}")  # half-written policy
+        raise RuntimeError("killed mid-way")
+
+    monkeypatch.setattr(rlhf.cycle, "train_ppo", crash)
+    result = cli("rl-train", "--min-feedback", "10")
+    assert result.exit_code == 1 and "training run failed: RuntimeError: killed mid-way" in result.output
+    runs, versions = state(instance)
+    assert runs == [("failed", "RuntimeError: killed mid-way")]
+    assert versions == [("v1-base", "active")]
+    assert sorted(p.name for p in (instance / "models").iterdir()) == ["v1-base"]
+    assert not list((instance / "runs").glob(".tmp-*"))
+    monkeypatch.undo()
+    # the next run succeeds
+    monkeypatch.setenv("RLHF_INSTANCE_DIR", str(instance))
+    for k, v in FAST.items():
+        monkeypatch.setenv(k, v)
+    again = cli("rl-train", "--min-feedback", "10")
+    assert again.exit_code in (0, 3), again.output
+    assert state(instance)[0][-1] == ("succeeded", None)
+
+
+def test_export_feedback_in_trl_columns_without_deleted_conversations(instance, tmp_path):
+    app = make_app(instance)
+    seed_feedback(app, 30)
+    with app.app_context():
+        victim = db.session.scalars(db.select(Conversation).order_by(Conversation.id)).first()
+        victim.deleted_at = victim.created_at
+        db.session.commit()
+        victim_title = victim.title
+        victim_id = victim.id
+    expected = {"pairs": {"prompt", "chosen", "rejected", "margin"}, "kto": {"prompt", "completion", "label"},
+                "sft": {"prompt", "completion"}, "raw": {"id", "messages", "comparisons"}}
+    for fmt, columns in expected.items():
+        out = tmp_path / f"{fmt}.jsonl"
+        result = cli("export-feedback", "--format", fmt, "--output", str(out))
+        assert result.exit_code == 0, result.output
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert rows and all(columns <= set(r) for r in rows)
+        if fmt == "raw":
+            assert victim_id not in {r["id"] for r in rows}
+        else:
+            assert all(r["split"] in ("train", "eval") for r in rows)
+    assert victim_title  # the deleted conversation's question may recur in others; its id must not
+    bad = cli("export-feedback", "--format", "csv", "--output", str(tmp_path / "x"))
+    assert bad.exit_code == 2 and "Invalid value for '--format'" in bad.output
