@@ -1,0 +1,96 @@
+"""Our PPO stage (rlhf.policy_training.train_ppo) vs a plain TRL PPO script, side by side.
+
+Same policy, reward model, prompts and PPO settings; runs alternate; medians reported.
+The plain script is what a TRL user would write from the PPOTrainer docs: tokenize prompts,
+build PPOConfig, PPOTrainer(...).train(), save the policy.
+
+    .venv/bin/python benchmarks/ppo_vs_plain_trl.py [--repeats 3] [--episodes 256]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer  # noqa: E402
+
+from rlhf import corpus  # noqa: E402
+from rlhf.policy_training import PolicySettings, train_ppo  # noqa: E402
+from rlhf.reward_model import RewardSettings, train_reward_model  # noqa: E402
+from tests.conftest import cached_model  # noqa: E402
+
+
+def plain_trl_ppo(policy_dir: Path, reward_dir: Path, prompts: list[list[dict]], out_dir: Path,
+                  s: PolicySettings) -> None:
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+
+    torch.manual_seed(s.seed)
+    tok = AutoTokenizer.from_pretrained(policy_dir, padding_side="left")
+    policy = AutoModelForCausalLM.from_pretrained(policy_dir)
+    ref = AutoModelForCausalLM.from_pretrained(policy_dir)
+    reward = AutoModelForSequenceClassification.from_pretrained(reward_dir, num_labels=1)
+    value = AutoModelForSequenceClassification.from_pretrained(reward_dir, num_labels=1)
+    ds = Dataset.from_dict({"input_ids": [tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
+                                          ["input_ids"] for p in prompts]})
+    with tempfile.TemporaryDirectory() as scratch:
+        cfg = PPOConfig(output_dir=scratch, learning_rate=s.learning_rate, per_device_train_batch_size=s.batch_size,
+                        num_mini_batches=s.mini_batches, total_episodes=s.episodes, num_ppo_epochs=s.ppo_epochs,
+                        response_length=s.response_length, stop_token="eos", missing_eos_penalty=s.missing_eos_penalty,
+                        kl_coef=s.kl_coef, temperature=s.temperature, num_sample_generations=0,
+                        local_rollout_forward_batch_size=s.batch_size, report_to=[], save_strategy="no",
+                        use_cpu=True, seed=s.seed, logging_steps=1, disable_tqdm=True)
+        trainer = PPOTrainer(args=cfg, processing_class=tok, model=policy, ref_model=ref, reward_model=reward,
+                             train_dataset=ds, value_model=value)
+        trainer.train()
+        trainer.save_model(str(out_dir))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--episodes", type=int, default=256)
+    args = ap.parse_args()
+    policy_dir = cached_model("default")
+    work = Path(tempfile.mkdtemp(prefix="bench-ppo-"))
+
+    rng = random.Random(0)
+    pairs = []
+    for _ in range(120):
+        topic = rng.choice(corpus.TOPICS)
+        task = rng.choice(topic.tasks)
+        q = [{"role": "user", "content": rng.choice(corpus.TASK_QUESTIONS).format(task=task.phrase)}]
+        pairs.append({"prompt": q, "margin": 1.0,
+                      "chosen": [{"role": "assistant", "content": corpus.make_answer(rng, "helpful", topic, task)}],
+                      "rejected": [{"role": "assistant", "content": corpus.make_answer(rng, "rude", topic, task)}]})
+    train_reward_model(policy_dir, pairs, [], work / "reward", RewardSettings(), device="cpu")
+    prompts = [[{"role": "user", "content": q}] for q in corpus.sample_prompts(128)]
+    settings = PolicySettings(episodes=args.episodes)
+
+    ours, plain = [], []
+    for i in range(args.repeats):
+        t = time.perf_counter()
+        train_ppo(policy_dir, work / "reward", prompts, work / f"ours-{i}", settings, device="cpu")
+        ours.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        plain_trl_ppo(policy_dir, work / "reward", prompts, work / f"plain-{i}", settings)
+        plain.append(time.perf_counter() - t)
+        print(f"repeat {i + 1}: ours {ours[-1]:.1f} s, plain TRL {plain[-1]:.1f} s", flush=True)
+    mo, mp = statistics.median(ours), statistics.median(plain)
+    print(f"PPO stage, {args.episodes} episodes, median of {args.repeats}: ours {mo:.1f} s, plain TRL {mp:.1f} s, "
+          f"ratio {mo / mp:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""One full `rl-train` cycle on the embedded model with a few hundred stored feedback events.
+
+A fresh instance gets the embedded base model; simulated users ask corpus questions, the
+*real model* answers (two sibling answers each), and the users rate them with a preference
+function (thumbs, stars, some corrections and compare votes). Then `flask --app webapp
+rl-train --json` runs as its own process; the script prints its summary, wall time and peak
+memory per stage.
+
+    .venv/bin/python benchmarks/train_cycle.py [--conversations 150] [--preference polite]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from rlhf.generation import GenerationSettings, ModelPool, generate_chat  # noqa: E402
+from tests.conftest import cached_model, make_app, register_model  # noqa: E402
+from tests.feedback_factory import seed_feedback  # noqa: E402
+
+
+def model_answers(model_dir: Path):
+    loaded = ModelPool("cpu").get(model_dir)
+    settings = GenerationSettings()
+
+    def answer(question: str, rng: random.Random) -> str:
+        torch.manual_seed(rng.randrange(2**31))
+        return generate_chat(loaded, [{"role": "user", "content": question}], settings).text
+
+    return answer
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--conversations", type=int, default=150)
+    ap.add_argument("--preference", default="polite")
+    ap.add_argument("--algorithm", default="ppo")
+    ap.add_argument("--instance", type=Path, help="instance folder (default: a new temporary one)")
+    args = ap.parse_args()
+
+    model_dir = cached_model("default")
+    instance = args.instance or Path(tempfile.mkdtemp(prefix="bench-train-")) / "instance"
+    app = make_app(instance)
+    register_model(app, model_dir)
+    t0 = time.perf_counter()
+    events = seed_feedback(app, args.conversations, args.preference, answer_fn=model_answers(model_dir))
+    seed_s = time.perf_counter() - t0
+
+    env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance), "RLHF_DEVICE": "cpu"}
+    cmd = ["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "flask", "--app", "webapp", "rl-train",
+           "--algorithm", args.algorithm, "--json", "--min-feedback", "1"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall, peak_kb = proc.stderr.strip().splitlines()[-1].split()
+    if proc.returncode not in (0, 3):
+        print(proc.stderr[-3000:], file=sys.stderr)
+        sys.exit(proc.returncode)
+    out = json.loads(proc.stdout)
+    ev = out["evaluation"]
+    print(f"feedback events: {events} ({args.conversations} conversations, preference {args.preference}, "
+          f"seeded in {seed_s:.0f} s)")
+    print(f"data counts: pairs {out['data_counts']['pairs']} by source {out['data_counts']['pairs_by_source']}, "
+          f"prompts {out['data_counts']['prompts']}")
+    print(f"reward model: held-out accuracy {out['reward_model']['heldout_accuracy']:.3f} "
+          f"({out['reward_model']['eval_pairs']} held-out pairs), train {out['reward_model']['train_accuracy']:.3f}")
+    print(f"held-out mean reward: parent {ev['before']['mean_reward']} -> candidate {ev['after']['mean_reward']} "
+          f"(gain {ev['reward_gain']}), KL {ev['kl_from_parent']}, passed {ev['passed']}")
+    print(f"version: {out['version']['name']} ({out['version']['status']}), decision {out['decision']}")
+    print("stage        wall s   peak RSS MB (process, so far)")
+    for stage, secs in out["timings_s"].items():
+        print(f"{stage:10} {secs:8.1f}   {out['peak_rss_mb'][stage]:8.0f}")
+    print(f"whole rl-train process: {float(wall):.1f} s wall, peak RSS {int(peak_kb) / 1024:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
