@@ -15,7 +15,7 @@ from webapp.models import (Assignment, Comparison, Conversation, Experiment, Fee
                            TrainingRun, User)
 
 TABLES = {"users", "conversations", "messages", "feedback", "comparisons", "model_versions", "experiments",
-          "assignments", "training_runs"}
+          "assignments", "training_runs", "answer_scores", "audit_events"}
 
 
 def _cli(tmp_path, monkeypatch):

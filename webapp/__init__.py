@@ -22,21 +22,23 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     app.config.update(cfg)
 
     from .database import create_schema, init_database
-    from .extensions import csrf, login_manager
+    from .extensions import csrf, limiter, login_manager
 
     init_database(app)
     csrf.init_app(app)
     login_manager.init_app(app)
+    login_manager.login_view = "admin_auth.login"
+    limiter.init_app(app)
 
-    from . import auth, cli, errors, pages
+    from . import admin_auth, admin_pages, auth, cli, errors, pages
+    from .api import admin as admin_api
     from .api import chat as chat_api
     from .api import session as session_api
 
     auth.init_app(app)
     errors.init_app(app)
-    app.register_blueprint(session_api.bp)
-    app.register_blueprint(chat_api.bp)
-    app.register_blueprint(pages.bp)
+    for blueprint in (session_api.bp, chat_api.bp, pages.bp, admin_auth.bp, admin_pages.bp, admin_api.bp):
+        app.register_blueprint(blueprint)
     cli.init_app(app)
 
     with app.app_context():

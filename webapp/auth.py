@@ -39,6 +39,3 @@ def current_visitor(create: bool = True) -> User | None:
     session.permanent = True
     return user
 
-
-def is_admin() -> bool:
-    return bool(current_user.is_authenticated and current_user.is_admin)

@@ -19,6 +19,10 @@ def init_app(app: Flask) -> None:
     app.cli.add_command(serve_command)
     app.cli.add_command(rl_train_command)
     app.cli.add_command(export_feedback_command)
+    app.cli.add_command(ab_report_command)
+    from .admin_auth import create_admin_command
+
+    app.cli.add_command(create_admin_command)
 
 
 @click.command("init-db")
@@ -137,19 +141,11 @@ def export_feedback_command(fmt: str, output: str) -> None:
     """Write stored feedback as JSONL in TRL's column names (pairs: prompt/chosen/rejected,
     kto: prompt/completion/label, sft: prompt/completion; raw: whole conversations)."""
     import json
-    from dataclasses import asdict
+    import os
 
-    from rlhf.preference_data import build_datasets
+    from .training import export_rows
 
-    from .training import feedback_records
-
-    records = feedback_records()
-    if fmt == "raw":
-        rows = [asdict(r) for r in records]
-    else:
-        bundle = build_datasets(records)
-        data = {"pairs": bundle.pairs, "kto": bundle.kto, "sft": bundle.sft}[fmt]
-        rows = [{**row, "split": split} for split in ("train", "eval") for row in data[split]]
+    rows = export_rows(fmt)
     text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     if output == "-":
         click.echo(text, nl=False)
@@ -157,6 +153,51 @@ def export_feedback_command(fmt: str, output: str) -> None:
         tmp = f"{output}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
-        import os
         os.replace(tmp, output)  # never a half-written export
         click.echo(f"Wrote {len(rows)} {fmt} rows to {output}", err=True)
+
+
+@click.command("ab-report")
+@click.option("--experiment", "key", help="Experiment key [default: the running one, else the latest].")
+@click.option("--json", "as_json", is_flag=True, help="Print the full metrics object (as GET /api/admin/metrics).")
+def ab_report_command(key: str | None, as_json: bool) -> None:
+    """Per-arm A/B metrics with 95% intervals, p-values, chance to beat control and the SRM check."""
+    import json
+
+    from .ab_metrics import default_experiment, experiment_metrics
+    from .models import Experiment
+    from .extensions import db
+
+    exp = db.session.scalars(db.select(Experiment).filter_by(key=key)).first() if key else default_experiment()
+    if exp is None:
+        raise click.ClickException(f"no experiment {key!r}" if key else "there are no experiments yet")
+    data = experiment_metrics(exp)
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+        return
+    e = data["experiment"]
+    click.echo(f"Experiment {e['key']} ({e['status']}): {e['control']} (control) vs {e['variant']} (variant), "
+               f"split {e['traffic_split']:.2f}")
+    arms = data["arms"]
+    click.echo(f"  users {arms['control']['users']} / {arms['variant']['users']}, answers "
+               f"{arms['control']['answers']} / {arms['variant']['answers']}")
+
+    def show(row, est):
+        if est["value"] is None:
+            return "-"
+        if row["kind"] in ("proportion", "win_rate"):
+            return f"{est['value']:.3f} [{est['low']:.3f}, {est['high']:.3f}]"
+        if est["low"] is None:
+            return f"{est['value']:.3f}"
+        return f"{est['value']:.3f} [{est['low']:.3f}, {est['high']:.3f}]"
+
+    click.echo(f"  {'metric':<20}{'control':>26}{'variant':>26}{'diff':>10}{'p':>9}{'P(beat)':>9}")
+    for row in data["metrics"]:
+        c = row["comparison"]
+        tail = (f"{c['diff']:>+10.3f}{c['p_value']:>9.4f}{c['chance_to_beat']:>9.3f}" if row["enough_data"]
+                and c["diff"] is not None else f"{'not enough data yet':>28}")
+        click.echo(f"  {row['name']:<20}{show(row, row['control']):>26}{show(row, row['variant']):>26}{tail}")
+    srm = data["srm"]
+    if srm["p_value"] is not None:
+        flag = "MISMATCH - check routing" if srm["mismatch"] else "ok"
+        click.echo(f"  sample ratio: chi2 {srm['chi2']:.2f}, p {srm['p_value']:.4g} ({flag})")

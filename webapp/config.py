@@ -43,6 +43,11 @@ DEFAULTS: dict[str, Any] = {
     "RLHF_MIN_PAIRS": 8,
     "RLHF_GATE_MIN_REWARD_GAIN": 0.0,
     "RLHF_GATE_MAX_KL": 25.0,
+    # A/B experiments and admin.
+    "RLHF_AB_MIN_SAMPLE": 30,  # per arm, before a metric is judged ("not enough data yet" below)
+    "RLHF_COMPARE_RATE": 0.1,  # share of answers shown side by side while an experiment runs
+    "RLHF_LOGIN_RATE_LIMIT": "10 per minute",
+    "RATELIMIT_STORAGE_URI": "memory://",
     # Cookies.
     "SESSION_COOKIE_HTTPONLY": True,
     "SESSION_COOKIE_SAMESITE": "Lax",
@@ -73,6 +78,10 @@ ENV_VARS: dict[str, str] = {
     "RLHF_MIN_PAIRS": "RLHF_MIN_PAIRS",
     "RLHF_GATE_MIN_REWARD_GAIN": "RLHF_GATE_MIN_REWARD_GAIN",
     "RLHF_GATE_MAX_KL": "RLHF_GATE_MAX_KL",
+    "RLHF_AB_MIN_SAMPLE": "RLHF_AB_MIN_SAMPLE",
+    "RLHF_COMPARE_RATE": "RLHF_COMPARE_RATE",
+    "RLHF_LOGIN_RATE_LIMIT": "RLHF_LOGIN_RATE_LIMIT",
+    "RLHF_RATELIMIT_STORAGE": "RATELIMIT_STORAGE_URI",
 }
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -26,18 +26,21 @@ def fnv1a32(text: str) -> int:
     return h
 
 
-def gb_hash(seed: str, value: str, version: int = 2) -> float:
-    """GrowthBook's hash to [0, 1): version 2 (the default) or the legacy version 1."""
+def gb_hash(seed: str, value: str, version: int = 2) -> float | None:
+    """GrowthBook's hash to [0, 1): version 2 (the default) or the legacy version 1; None for
+    an unknown version, as GrowthBook's SDKs answer."""
     if version == 2:
         return (fnv1a32(str(fnv1a32(seed + value))) % 10000) / 10000
     if version == 1:
         return (fnv1a32(value + seed) % 1000) / 1000
-    raise ValueError(f"unknown hash version {version}")
+    return None
 
 
 def arm_for(experiment_key: str, user_key: str, split: float) -> str:
     """The arm a user falls in for a given split (no stickiness)."""
-    return "variant" if gb_hash(experiment_key, user_key) >= 1.0 - split else "control"
+    bucket = gb_hash(experiment_key, user_key)
+    assert bucket is not None
+    return "variant" if bucket >= 1.0 - split else "control"
 
 
 def user_hash_key(user: User) -> str:

@@ -199,3 +199,30 @@ class TrainingRun(db.Model):
     started_at: Mapped[Optional[datetime]] = mapped_column(DateTime)
     finished_at: Mapped[Optional[datetime]] = mapped_column(DateTime)
     version_id: Mapped[Optional[int]] = mapped_column(ForeignKey("model_versions.id"))
+
+
+class AnswerScore(db.Model):
+    """Reward-model score of a served answer, cached per reward model (A/B metric)."""
+
+    __tablename__ = "answer_scores"
+    __table_args__ = (UniqueConstraint("message_id", "reward_model", name="uq_answer_scores_message_model"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    message_id: Mapped[int] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"), index=True)
+    reward_model: Mapped[str] = mapped_column(String(1000))
+    score: Mapped[float] = mapped_column(Float)
+
+
+class AuditEvent(db.Model):
+    """What admins and the scheduler decided, with the numbers behind it."""
+
+    __tablename__ = "audit_events"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(80))  # admin username, "scheduler" or "cli"
+    action: Mapped[str] = mapped_column(String(40))  # promote / rollback / experiment_start / ...
+    subject: Mapped[str] = mapped_column(String(200), default="")
+    detail: Mapped[dict] = mapped_column(JSON, default=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "at": iso(self.created_at), "actor": self.actor, "action": self.action,
+                "subject": self.subject, "detail": self.detail or {}}

@@ -85,6 +85,23 @@ def feedback_records() -> list[ConversationRecord]:
         for cid in owner if messages[cid]]
 
 
+EXPORT_FORMATS = ("pairs", "kto", "sft", "raw")
+
+
+def export_rows(fmt: str) -> list[dict[str, Any]]:
+    """Rows for ``export-feedback`` / the admin export: TRL columns plus ``split``; or raw
+    conversations. Deleted conversations are never included."""
+    from dataclasses import asdict
+
+    from rlhf.preference_data import build_datasets
+
+    records = feedback_records()
+    if fmt == "raw":
+        return [asdict(r) for r in records]
+    data = getattr(build_datasets(records), fmt)
+    return [{**row, "split": split} for split in ("train", "eval") for row in data[split]]
+
+
 # ---------------------------------------------------------------------------- the lock
 
 @contextmanager

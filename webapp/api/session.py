@@ -4,7 +4,8 @@ from __future__ import annotations
 from flask import Blueprint, jsonify
 from flask_wtf.csrf import generate_csrf
 
-from ..auth import current_visitor, is_admin
+from ..admin_auth import is_admin
+from ..auth import current_visitor
 from ..bootstrap import active_version
 from ..experiments import assign, running_experiment
 
