@@ -3,7 +3,6 @@ embedded model: what a user does, and what the database then holds."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -13,23 +12,6 @@ from webapp.extensions import db
 from webapp.models import Comparison, Conversation, Feedback, Message, User
 
 pytestmark = pytest.mark.browser
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
-
-
-@pytest.fixture(scope="session")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium` (see README)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
 
 @pytest.fixture(scope="module")
 def chat_server(tmp_path_factory, default_model_dir):

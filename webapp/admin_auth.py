@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Callable
 
 import click
@@ -115,7 +116,7 @@ def set_admin_password(username: str, password: str) -> tuple[User, bool]:
 def create_admin_command(username: str, password_stdin: bool) -> None:
     """Create an admin account (or reset its password). The password is stored hashed."""
     if password_stdin:
-        password = click.get_text_stream("stdin").readline().rstrip("\r\n")
+        password = sys.stdin.readline().rstrip("\r\n")
     else:
         password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
     user, created = set_admin_password(username, password)

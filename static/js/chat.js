@@ -19,6 +19,7 @@
 
   const state = {
     csrf: null,
+    compareRate: 0,        // share of questions answered side by side while an experiment runs
     conversations: [],
     conv: null,            // {id, title, messages: Map, children: Map, comparisons: Map}
     selected: new Map(),   // parentKey -> chosen child id (which sibling is shown)
@@ -56,6 +57,7 @@
   async function loadSession() {
     const data = await api("GET", "/api/session");
     state.csrf = data.csrf_token;
+    state.compareRate = data.compare_rate || 0;
     const arm = data.arm ? ` · ${data.arm}` : "";
     els.badge.textContent = data.model_version ? `Model ${data.model_version}${arm}` : "Model loading...";
   }
@@ -379,7 +381,7 @@
     if (!text || state.busy) return;
     if (text.length > maxChars) { showError(`Your message is too long (${text.length} of ${maxChars} characters).`); return; }
     const parentId = lastAnswerId();
-    const compare = els.compare.checked;
+    const compare = els.compare.checked || (state.compareRate > 0 && Math.random() < state.compareRate);
     setBusy(true);
     els.input.value = "";
     updateCharCount();

@@ -1,7 +1,7 @@
 """``GET /api/session``: who the caller is, a CSRF token, and their A/B arm."""
 from __future__ import annotations
 
-from flask import Blueprint, jsonify
+from flask import Blueprint, current_app, jsonify
 from flask_wtf.csrf import generate_csrf
 
 from ..admin_auth import is_admin
@@ -21,8 +21,11 @@ def get_session():
         version = experiment.variant_version if arm == "variant" else experiment.control_version
     else:
         arm, version = None, active_version()
+    # While an experiment runs, a share of questions is answered side by side (control vs variant).
+    compare_rate = float(current_app.config["RLHF_COMPARE_RATE"]) if experiment is not None else 0.0
     return jsonify(user_id=user.id, csrf_token=generate_csrf(), experiment=experiment.key if experiment else None,
-                   arm=arm, model_version=version.name if version else None, is_admin=is_admin())
+                   arm=arm, model_version=version.name if version else None, is_admin=is_admin(),
+                   compare_rate=compare_rate)
 
 
 @bp.get("/health")

@@ -1,0 +1,323 @@
+"""Admin accounts, authorization of every admin route, experiment/version lifecycle, metrics."""
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+from click.testing import CliRunner
+from flask.cli import FlaskGroup
+
+from rlhf.corpus import sample_prompts
+from tests.conftest import ApiClient, make_app, register_model
+from webapp import create_app
+from webapp.admin_auth import set_admin_password
+from webapp.extensions import db
+from webapp.models import Assignment, AuditEvent, Experiment, ModelVersion, User
+
+PASSWORD = "correct horse"
+
+
+@pytest.fixture
+def setup(tmp_path, micro_model_dir):
+    inst = tmp_path / "instance"
+    app = make_app(inst, RLHF_AB_MIN_SAMPLE=5)
+    register_model(app, micro_model_dir)
+    register_model(app, micro_model_dir, name="v2-ppo", status="candidate")
+    register_model(app, micro_model_dir, name="v3-ppo", status="failed")
+    with app.app_context():
+        db.session.get(ModelVersion, 2).parent_id = 1
+        db.session.commit()
+        set_admin_password("root", PASSWORD)
+    return app, inst
+
+
+def login(app, username="root", password=PASSWORD):
+    client = app.test_client()
+    token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/admin/login").get_data(as_text=True)).group(1)
+    resp = client.post("/admin/login", data={"username": username, "password": password, "csrf_token": token})
+    return client, token, resp
+
+
+class Admin:
+    def __init__(self, app):
+        self.client, self.token, resp = login(app)
+        assert resp.status_code == 302
+
+    def get(self, url):
+        return self.client.get(url)
+
+    def post(self, url, body=None, method="post"):
+        return getattr(self.client, method)(url, json=body, headers={"X-CSRFToken": self.token})
+
+
+def versions(app):
+    with app.app_context():
+        return {v.name: v.status for v in db.session.scalars(db.select(ModelVersion))}
+
+
+# ---------------------------------------------------------------------------- accounts
+
+def test_create_admin_cli_hashes_the_password(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_INSTANCE_DIR", str(tmp_path))
+    run = lambda *a, **k: CliRunner().invoke(FlaskGroup(create_app=lambda: create_app()), list(a), **k)  # noqa: E731
+    result = run("create-admin", "alice", "--password-stdin", input="s3cret-pass\n")
+    assert result.exit_code == 0 and "Created admin 'alice'" in result.output
+    prompted = run("create-admin", "bob", input="another-pass\nanother-pass\n")
+    assert prompted.exit_code == 0, prompted.output
+    short = run("create-admin", "carol", "--password-stdin", input="short\n")
+    assert short.exit_code == 1 and "at least 8 characters" in short.output
+    bad = run("create-admin", "no spaces", "--password-stdin", input="long-enough\n")
+    assert bad.exit_code == 1 and "username" in bad.output
+    app = create_app({"INSTANCE_DIR": str(tmp_path)})
+    with app.app_context():
+        alice = db.session.scalars(db.select(User).filter_by(username="alice")).one()
+        assert alice.is_admin and alice.password_hash != "s3cret-pass" and "s3cret-pass" not in alice.password_hash
+        assert db.session.scalars(db.select(User).filter_by(username="carol")).first() is None
+    assert login(app, "alice", "s3cret-pass")[2].status_code == 302
+
+
+def test_login_logout_and_wrong_password(setup):
+    app, _ = setup
+    client, token, resp = login(app, password="wrong password")
+    assert resp.status_code == 401 and "Wrong username or password." in resp.get_data(as_text=True)
+    assert client.get("/api/admin/versions").status_code == 401
+    client, token, resp = login(app)
+    assert resp.status_code == 302 and resp.headers["Location"].endswith("/admin/")
+    assert client.get("/api/admin/versions").status_code == 200
+    assert client.get("/api/session").get_json()["is_admin"] is True
+    assert client.post("/admin/logout", data={"csrf_token": token}).status_code == 302
+    assert client.get("/api/admin/versions").status_code == 401
+
+
+def test_login_redirect_stays_on_site(setup):
+    app, _ = setup
+    client = app.test_client()
+    token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/admin/login").get_data(as_text=True)).group(1)
+    resp = client.post("/admin/login?next=//evil.example/admin", data={"username": "root", "password": PASSWORD,
+                                                                       "csrf_token": token})
+    assert resp.headers["Location"].endswith("/admin/")
+
+
+def test_login_is_rate_limited(setup):
+    app, _ = setup
+    client = app.test_client()
+    token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/admin/login").get_data(as_text=True)).group(1)
+    codes = [client.post("/admin/login", data={"username": "root", "password": f"guess{i}", "csrf_token": token}).status_code
+             for i in range(12)]
+    assert codes[:10] == [401] * 10 and codes[10] == 429
+    limited = client.post("/admin/login", data={"username": "root", "password": PASSWORD, "csrf_token": token})
+    assert limited.status_code == 429 and "Retry-After" in limited.headers
+    assert client.get("/api/admin/versions").status_code == 401  # even the right password did not get in
+
+
+def test_anonymous_visitors_cannot_log_in_without_a_password(setup):
+    app, _ = setup
+    anon = app.test_client()
+    uid = anon.get("/api/session").get_json()["user_id"]
+    with app.app_context():
+        name = db.session.get(User, uid).anon_id
+    assert login(app, username=name, password="")[2].status_code == 401
+
+
+# ---------------------------------------------------------------------------- authorization matrix
+
+ADMIN_GETS = ["/api/admin/metrics", "/api/admin/experiments", "/api/admin/versions", "/api/admin/runs",
+              "/api/admin/runs/1", "/api/admin/feedback", "/api/admin/export?format=pairs", "/api/admin/audit"]
+ADMIN_WRITES = [("post", "/api/admin/experiments", {"key": "x", "control_version_id": 1, "variant_version_id": 2}),
+                ("patch", "/api/admin/experiments/x", {"traffic_split": 0.3}),
+                ("post", "/api/admin/experiments/x/stop", None),
+                ("post", "/api/admin/experiments/x/conclude", {"decision": "promote"}),
+                ("post", "/api/admin/versions/2/promote", None), ("post", "/api/admin/versions/1/rollback", None),
+                ("post", "/api/admin/runs", {})]
+ADMIN_PAGES = ["/admin/", "/admin/experiments", "/admin/experiments/x", "/admin/experiment", "/admin/runs",
+               "/admin/runs/1", "/admin/versions", "/admin/feedback"]
+
+
+def test_every_admin_route_needs_an_admin(setup):
+    app, _ = setup
+    visitor = ApiClient(app.test_client())  # a chat user with a session and a valid CSRF token
+    for url in ADMIN_GETS:
+        for client in (app.test_client(), visitor.client):
+            resp = client.get(url)
+            assert resp.status_code == 401 and resp.is_json, url
+    for method, url, body in ADMIN_WRITES:
+        resp = getattr(visitor.client, method)(url, json=body, headers={"X-CSRFToken": visitor.csrf})
+        assert resp.status_code == 401, (method, url)
+    for url in ADMIN_PAGES:
+        resp = app.test_client().get(url)
+        assert resp.status_code == 302 and "/admin/login" in resp.headers["Location"], url
+    assert versions(app) == {"v1-base": "active", "v2-ppo": "candidate", "v3-ppo": "failed"}
+
+
+def test_admin_writes_need_the_csrf_token(setup):
+    app, _ = setup
+    admin = Admin(app)
+    for method, url, body in ADMIN_WRITES:
+        resp = getattr(admin.client, method)(url, json=body)
+        assert resp.status_code == 400 and "CSRF" in resp.get_json()["error"], url
+    assert versions(app) == {"v1-base": "active", "v2-ppo": "candidate", "v3-ppo": "failed"}
+    with app.app_context():
+        assert db.session.query(Experiment).count() == 0
+
+
+def test_admin_pages_render(setup):
+    app, _ = setup
+    admin = Admin(app)
+    assert admin.post("/api/admin/experiments", {"key": "x", "control_version_id": 1,
+                                                 "variant_version_id": 2}).status_code == 201
+    for url in ADMIN_PAGES[:-3] + ["/admin/versions", "/admin/feedback?thumb=up&q=rice"]:
+        if url == "/admin/runs/1":
+            continue
+        resp = admin.get(url)
+        assert resp.status_code == 200, url
+        assert b"<h1>" in resp.data
+    assert admin.get("/admin/runs/999").status_code == 404
+    assert admin.get("/admin/feedback?rating=9").status_code == 400
+
+
+# ---------------------------------------------------------------------------- lifecycle and bad input
+
+@pytest.mark.parametrize("body,code,needle", [
+    ({"key": "e1", "control_version_id": 1, "variant_version_id": 99}, 404, "not found"),
+    ({"key": "e1", "control_version_id": 1, "variant_version_id": 2, "traffic_split": 0}, 400, "traffic_split"),
+    ({"key": "e1", "control_version_id": 1, "variant_version_id": 2, "traffic_split": 1}, 400, "traffic_split"),
+    ({"key": "e1", "control_version_id": 1, "variant_version_id": 2, "traffic_split": "0.5"}, 400, "traffic_split"),
+    ({"key": "e1", "control_version_id": 1, "variant_version_id": 2, "traffic_split": True}, 400, "traffic_split"),
+    ({"key": "e1", "control_version_id": 1, "variant_version_id": 1}, 400, "different"),
+    ({"key": "e1", "control_version_id": 1, "variant_version_id": 3}, 409, "failed"),
+    ({"key": "Bad Key!", "control_version_id": 1, "variant_version_id": 2}, 400, "key"),
+    ({"key": "e1", "control_version_id": "1", "variant_version_id": 2}, 400, "integers"),
+    ({"key": "e1", "variant_version_id": 2}, 400, "control_version_id"),
+    ({"key": "e1", "control_version_id": 1, "variant_version_id": 2, "color": "red"}, 400, "Unknown field"),
+])
+def test_invalid_experiments_are_rejected_and_nothing_changes(setup, body, code, needle):
+    app, _ = setup
+    resp = Admin(app).post("/api/admin/experiments", body)
+    assert resp.status_code == code and needle in resp.get_json()["error"]
+    with app.app_context():
+        assert db.session.query(Experiment).count() == 0
+        assert db.session.query(AuditEvent).count() == 0
+
+
+def test_one_running_experiment_and_unique_keys(setup):
+    app, _ = setup
+    admin = Admin(app)
+    ok = admin.post("/api/admin/experiments", {"key": "e1", "control_version_id": 1, "variant_version_id": 2})
+    assert ok.status_code == 201 and ok.get_json()["status"] == "running"
+    second = admin.post("/api/admin/experiments", {"key": "e2", "control_version_id": 2, "variant_version_id": 1})
+    assert second.status_code == 409 and "already running" in second.get_json()["error"]
+    again = admin.post("/api/admin/experiments", {"key": "e1", "control_version_id": 1, "variant_version_id": 2,
+                                                  "start": False})
+    assert again.status_code == 409 and "never reused" in again.get_json()["error"]
+    assert admin.post("/api/admin/experiments/e1", {"traffic_split": 2}, method="patch").status_code == 400
+    assert admin.post("/api/admin/experiments/e1", {"traffic_split": 0.3}, method="patch").get_json()["traffic_split"] == 0.3
+    assert admin.post("/api/admin/experiments/nope/stop").status_code == 404
+    assert admin.post("/api/admin/experiments/e1/conclude", {"decision": "maybe"}).status_code == 400
+    assert admin.post("/api/admin/experiments/e1/stop").get_json()["status"] == "stopped"
+    assert admin.post("/api/admin/experiments/e1/stop").status_code == 409
+
+
+def test_conclude_promote_serves_new_users_the_variant(setup):
+    app, _ = setup
+    admin = Admin(app)
+    admin.post("/api/admin/experiments", {"key": "e1", "control_version_id": 1, "variant_version_id": 2})
+    assert admin.post("/api/admin/versions/3/promote").status_code == 409  # failed version
+    assert admin.post("/api/admin/versions/1/rollback").status_code == 409  # experiment running
+    resp = admin.post("/api/admin/experiments/e1/conclude", {"decision": "promote"})
+    assert resp.status_code == 200 and resp.get_json()["decision"] == "promote"
+    assert versions(app) == {"v1-base": "retired", "v2-ppo": "active", "v3-ppo": "failed"}
+    newcomer = app.test_client().get("/api/session").get_json()
+    assert (newcomer["experiment"], newcomer["model_version"]) == (None, "v2-ppo")
+    # roll back: the previous version serves again
+    assert admin.post("/api/admin/versions/1/rollback").status_code == 409  # not the active one
+    back = admin.post("/api/admin/versions/2/rollback")
+    assert back.status_code == 200 and back.get_json()["active"]["name"] == "v1-base"
+    assert versions(app) == {"v1-base": "active", "v2-ppo": "retired", "v3-ppo": "failed"}
+    assert app.test_client().get("/api/session").get_json()["model_version"] == "v1-base"
+    assert admin.post("/api/admin/versions/2/promote").get_json()["version"]["status"] == "active"
+    assert admin.post("/api/admin/versions/99/promote").status_code == 404
+    actions = [e["action"] for e in admin.get("/api/admin/audit").get_json()["events"]]
+    assert actions == ["promote", "rollback", "experiment_conclude", "experiment_create"]
+
+
+def test_keep_control_retires_the_variant(setup):
+    app, _ = setup
+    admin = Admin(app)
+    admin.post("/api/admin/experiments", {"key": "e1", "control_version_id": 1, "variant_version_id": 2})
+    admin.post("/api/admin/experiments/e1/conclude", {"decision": "keep_control"})
+    assert versions(app) == {"v1-base": "active", "v2-ppo": "retired", "v3-ppo": "failed"}
+
+
+def test_starting_a_run_is_refused_without_feedback(setup):
+    app, _ = setup
+    resp = Admin(app).post("/api/admin/runs", {"algorithm": "ppo"})
+    assert resp.status_code == 409 and "Not enough feedback" in resp.get_json()["error"]
+    assert Admin(app).post("/api/admin/runs", {"algorithm": "sft"}).status_code == 400
+
+
+# ---------------------------------------------------------------------------- metrics
+
+def simulate_traffic(app, users: int, seed: int = 0):
+    rng = random.Random(seed)
+    prompts = sample_prompts(40)
+    for _ in range(users):
+        user = ApiClient(app.test_client())
+        conv = user.post("/api/conversations", json={}).get_json()["id"]
+        answer = user.post(f"/api/conversations/{conv}/messages",
+                           json={"content": rng.choice(prompts), "stream": False}).get_json()["assistant_message"]
+        user.post(f"/api/messages/{answer['id']}/feedback",
+                  json={"thumb": rng.choice(["up", "down"]), "rating": rng.randint(1, 5)})
+        if rng.random() < 0.5:
+            pair = user.post(f"/api/conversations/{conv}/compare", json={"content": rng.choice(prompts)}).get_json()
+            user.post(f"/api/pairs/{pair['pair_id']}/vote", json={"winner": rng.choice(["a", "b", "tie"])})
+
+
+def test_metrics_api_matches_ab_report(setup, monkeypatch):
+    app, inst = setup
+    admin = Admin(app)
+    admin.post("/api/admin/experiments", {"key": "e1", "control_version_id": 1, "variant_version_id": 2})
+    simulate_traffic(app, 24)
+    api = admin.get("/api/admin/metrics?experiment=e1").get_json()
+    assert api["arms"]["control"]["users"] + api["arms"]["variant"]["users"] == 24
+    names = [m["name"] for m in api["metrics"]]
+    assert names == ["thumbs_up_rate", "mean_rating", "correction_rate", "regenerate_rate", "compare_win_rate",
+                     "mean_reward", "latency_ms"]
+    thumbs = api["metrics"][0]
+    assert thumbs["control"]["n"] + thumbs["variant"]["n"] == 24
+    assert set(thumbs["comparison"]) == {"diff", "low", "high", "p_value", "chance_to_beat"}
+    monkeypatch.setenv("RLHF_INSTANCE_DIR", str(inst))
+    monkeypatch.setenv("RLHF_AB_MIN_SAMPLE", "5")
+    out = CliRunner().invoke(FlaskGroup(create_app=lambda: create_app()), ["ab-report", "--experiment", "e1", "--json"])
+    assert out.exit_code == 0, out.output
+    cli = json.loads(out.output)
+    api.pop("generated_at"), cli.pop("generated_at")
+    assert cli == api
+    text = CliRunner().invoke(FlaskGroup(create_app=lambda: create_app()), ["ab-report"])
+    assert text.exit_code == 0 and "thumbs_up_rate" in text.output and "sample ratio" in text.output
+    missing = CliRunner().invoke(FlaskGroup(create_app=lambda: create_app()), ["ab-report", "--experiment", "nope"])
+    assert missing.exit_code == 1 and "no experiment 'nope'" in missing.output
+    page = admin.get("/admin/experiments/e1").get_data(as_text=True)
+    p_value = f"{api['metrics'][0]['comparison']['p_value']:.4f}" if api["metrics"][0]["enough_data"] else "Not enough"
+    assert p_value in page
+
+
+def test_not_enough_data_state_and_srm_warning(setup):
+    app, _ = setup
+    admin = Admin(app)
+    admin.post("/api/admin/experiments", {"key": "e1", "control_version_id": 1, "variant_version_id": 2})
+    data = admin.get("/api/admin/metrics").get_json()
+    assert all(not m["enough_data"] for m in data["metrics"])
+    assert "Not enough data yet" in admin.get("/admin/experiments/e1").get_data(as_text=True)
+    with app.app_context():  # a routing bug: 60 % of users in control under a 50/50 split
+        exp = db.session.scalars(db.select(Experiment)).one()
+        for i in range(1000):
+            user = User(anon_id=f"srm-{i}")
+            db.session.add(user)
+            db.session.flush()
+            db.session.add(Assignment(experiment_id=exp.id, user_id=user.id, arm="control" if i < 600 else "variant"))
+        db.session.commit()
+    srm = admin.get("/api/admin/metrics").get_json()["srm"]
+    assert srm["mismatch"] is True and srm["p_value"] < 0.001 and srm["observed"] == {"control": 600, "variant": 400}
+    assert "Sample ratio mismatch" in admin.get("/admin/experiments/e1").get_data(as_text=True)

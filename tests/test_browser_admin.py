@@ -1,0 +1,111 @@
+"""The admin dashboard in Chromium: log in, read the experiment, promote, roll back."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import requests
+
+from rlhf.corpus import sample_prompts
+from tests.conftest import make_app, register_model
+from tests.live_server import LiveServer
+from webapp.admin_auth import set_admin_password
+from webapp.extensions import db
+from webapp.models import Experiment, ModelVersion
+
+pytestmark = pytest.mark.browser
+XSS = '<img src=x onerror="window.__xss=1">'
+
+
+def traffic(url: str, users: int, seed: int = 0) -> None:
+    """Simulated users over HTTP: each chats, rates, and sometimes writes a (hostile) comment."""
+    rng = random.Random(seed)
+    prompts = sample_prompts(30)
+    for i in range(users):
+        s = requests.Session()
+        csrf = s.get(url + "/api/session").json()["csrf_token"]
+        h = {"X-CSRFToken": csrf}
+        conv = s.post(url + "/api/conversations", json={}, headers=h).json()["id"]
+        answer = s.post(f"{url}/api/conversations/{conv}/messages", json={"content": rng.choice(prompts),
+                                                                          "stream": False}, headers=h).json()
+        body = {"thumb": rng.choice(["up", "down"]), "rating": rng.randint(1, 5)}
+        if i == 0:
+            body.update(comment=XSS, correction=XSS)
+        s.post(f"{url}/api/messages/{answer['assistant_message']['id']}/feedback", json=body, headers=h)
+
+
+@pytest.fixture(scope="module")
+def admin_server(tmp_path_factory, micro_model_dir):
+    inst = tmp_path_factory.mktemp("admin") / "instance"
+    app = make_app(inst)
+    register_model(app, micro_model_dir)
+    register_model(app, micro_model_dir, name="v2-ppo", status="candidate")
+    with app.app_context():
+        db.session.get(ModelVersion, 2).parent_id = 1
+        db.session.add(Experiment(key="ppo-vs-base", control_version_id=1, variant_version_id=2, traffic_split=0.5,
+                                  status="running"))
+        db.session.commit()
+        set_admin_password("root", "correct horse")
+    server = LiveServer(inst, env={"RLHF_AB_MIN_SAMPLE": "5"})
+    traffic(server.url, 30)
+    yield server
+    server.stop()
+
+
+def test_admin_reads_experiment_promotes_and_rolls_back(browser, admin_server):
+    url = admin_server.url
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("dialog", lambda d: d.accept())
+
+    page.goto(url + "/admin/experiments/ppo-vs-base")
+    assert "/admin/login" in page.url  # behind login
+    page.fill("input[name=username]", "root")
+    page.fill("input[name=password]", "wrong")
+    page.click("button[type=submit]")
+    assert page.locator(".error").inner_text() == "Wrong username or password."
+    page.fill("input[name=username]", "root")
+    page.fill("input[name=password]", "correct horse")
+    page.click("button[type=submit]")
+    page.wait_for_selector("[data-testid=metrics-table]")
+    assert page.locator("[data-testid=experiment-key]").inner_text() == "ppo-vs-base"
+
+    # the page shows the same numbers as the API
+    api = page.evaluate("fetch('/api/admin/metrics?experiment=ppo-vs-base').then(r => r.json())")
+    users = api["arms"]["control"]["users"] + api["arms"]["variant"]["users"]
+    assert users == 30
+    thumbs = api["metrics"][0]
+    row = page.locator("tr[data-metric=thumbs_up_rate]")
+    assert f"n={thumbs['control']['n']}" in row.inner_text()
+    assert f"{thumbs['comparison']['p_value']:.4f}" in row.locator(".p-value").inner_text()
+    assert "Sample ratio check passed" in page.locator("[data-testid=srm]").inner_text()
+    assert page.locator("svg.chart").count() == 3
+
+    # hostile text from users renders as text in the feedback browser
+    page.goto(url + "/admin/feedback")
+    assert XSS in page.locator(".feedback-table").inner_text()
+    assert page.evaluate("window.__xss") is None and page.locator("img[src='x']").count() == 0
+
+    # promote the variant (concludes the experiment), then new users get it
+    page.goto(url + "/admin/experiments/ppo-vs-base")
+    page.click("button[data-decision=promote]")
+    page.wait_for_selector(".status-concluded")
+    page.goto(url + "/admin/")
+    assert page.locator("[data-testid=active-version]").inner_text() == "v2-ppo"
+    assert requests.get(url + "/api/session").json()["model_version"] == "v2-ppo"
+
+    # roll back from the versions page
+    page.goto(url + "/admin/versions")
+    page.click("tr[data-version=v2-ppo] button[data-action=rollback]")
+    page.wait_for_selector("tr[data-version=v1-base] .status-active")
+    assert page.locator("tr[data-version=v2-ppo] .status").inner_text() == "retired"
+    assert requests.get(url + "/api/session").json()["model_version"] == "v1-base"
+
+    # decision history on the overview
+    page.goto(url + "/admin/")
+    history = page.locator(".events").inner_text()
+    assert "rollback v2-ppo" in history and "experiment conclude ppo-vs-base" in history
+    context.close()
+    assert errors == []
