@@ -168,30 +168,39 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
 
 # ---------------------------------------------------------------------------- DPO / KTO
 
+def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: list[dict], columns: tuple[str, ...],
+             out_dir: str | Path, settings: PolicySettings, device: str, progress: ProgressFn | None,
+             **config: Any) -> tuple[Any, Any, list[dict]]:
+    """Shared run of TRL's offline preference trainers (DPO, KTO) on conversational rows:
+    the parent (a frozen copy, or the adapter-free base with LoRA) is the reference."""
+    quiet_trl()
+    settings.validate()
+    dev = resolve_device(device)
+    torch.manual_seed(settings.seed)
+    policy, tokenizer = _load_policy(policy_dir)
+    std = [to_standard(r, tokenizer) for r in rows]
+    dataset = Dataset.from_list([{k: r[k] for k in columns} for r in std])
+    with tempfile.TemporaryDirectory(prefix=f"{trainer_cls.__name__.lower()}-") as scratch:
+        args = config_cls(**_common_args(dev, settings, scratch), per_device_train_batch_size=settings.batch_size,
+                          num_train_epochs=settings.epochs, max_steps=settings.max_steps or -1, beta=settings.beta,
+                          max_length=context_length(policy), **config)
+        trainer = trainer_cls(model=policy, ref_model=None if settings.lora else copy.deepcopy(policy), args=args,
+                              train_dataset=dataset, processing_class=tokenizer,
+                              peft_config=_lora_config(policy, settings) if settings.lora else None)
+        _callbacks(trainer, progress, "policy")
+        result = trainer.train()
+        _save_policy(trainer.model, tokenizer, out_dir)
+    return result, trainer.state.log_history, std
+
+
 def train_dpo(policy_dir: str | Path, train_pairs: list[dict], out_dir: str | Path,
               settings: PolicySettings = PolicySettings(), device: str = "auto",
               progress: ProgressFn | None = None) -> dict[str, Any]:
     """Direct preference optimisation on the same preference pairs the reward model sees."""
     from trl import DPOConfig, DPOTrainer
 
-    quiet_trl()
-    settings.validate()
-    dev = resolve_device(device)
-    torch.manual_seed(settings.seed)
-    policy, tokenizer = _load_policy(policy_dir)
-    rows = [to_standard(r, tokenizer) for r in train_pairs]
-    dataset = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows])
-    with tempfile.TemporaryDirectory(prefix="dpo-") as scratch:
-        args = DPOConfig(**_common_args(dev, settings, scratch), per_device_train_batch_size=settings.batch_size,
-                         num_train_epochs=settings.epochs, max_steps=settings.max_steps or -1, beta=settings.beta,
-                         max_length=context_length(policy))
-        trainer = DPOTrainer(model=policy, ref_model=None if settings.lora else copy.deepcopy(policy), args=args,
-                             train_dataset=dataset, processing_class=tokenizer,
-                             peft_config=_lora_config(policy, settings) if settings.lora else None)
-        _callbacks(trainer, progress, "policy")
-        result = trainer.train()
-        _save_policy(trainer.model, tokenizer, out_dir)
-        log = trainer.state.log_history
+    result, log, rows = _offline(DPOTrainer, DPOConfig, policy_dir, train_pairs, ("prompt", "chosen", "rejected"),
+                                 out_dir, settings, device, progress)
     return {"algorithm": "dpo", "pairs": len(rows), "steps": result.global_step, "train_loss": round(result.training_loss, 4),
             "lora": settings.lora, **_history(log, ("rewards/accuracies", "rewards/margins", "loss"))}
 
@@ -202,30 +211,14 @@ def train_kto(policy_dir: str | Path, train_examples: list[dict], out_dir: str |
     """KTO on unpaired good/bad answers (thumbs, ratings, corrections, votes)."""
     from trl import KTOConfig, KTOTrainer
 
-    quiet_trl()
-    settings.validate()
-    dev = resolve_device(device)
-    torch.manual_seed(settings.seed)
-    policy, tokenizer = _load_policy(policy_dir)
-    rows = [to_standard(r, tokenizer) for r in train_examples]
-    dataset = Dataset.from_list([{k: r[k] for k in ("prompt", "completion", "label")} for r in rows])
-    positives = sum(r["label"] for r in rows)
-    negatives = len(rows) - positives
+    positives = sum(1 for r in train_examples if r["label"])
+    negatives = len(train_examples) - positives
     if not positives or not negatives:
         raise ValueError("KTO needs both good and bad examples")
-    with tempfile.TemporaryDirectory(prefix="kto-") as scratch:
-        args = KTOConfig(**_common_args(dev, settings, scratch), per_device_train_batch_size=settings.batch_size,
-                         num_train_epochs=settings.epochs, max_steps=settings.max_steps or -1, beta=settings.beta,
-                         max_length=context_length(policy),
-                         # balance the classes as the KTO paper recommends
-                         desirable_weight=1.0, undesirable_weight=max(0.5, min(2.0, positives / negatives)))
-        trainer = KTOTrainer(model=policy, ref_model=None if settings.lora else copy.deepcopy(policy), args=args,
-                             train_dataset=dataset, processing_class=tokenizer,
-                             peft_config=_lora_config(policy, settings) if settings.lora else None)
-        _callbacks(trainer, progress, "policy")
-        result = trainer.train()
-        _save_policy(trainer.model, tokenizer, out_dir)
-        log = trainer.state.log_history
+    # balance the classes as the KTO paper recommends
+    result, log, rows = _offline(KTOTrainer, KTOConfig, policy_dir, train_examples, ("prompt", "completion", "label"),
+                                 out_dir, settings, device, progress, desirable_weight=1.0,
+                                 undesirable_weight=max(0.5, min(2.0, positives / negatives)))
     return {"algorithm": "kto", "examples": len(rows), "positives": positives, "steps": result.global_step,
             "train_loss": round(result.training_loss, 4), "lora": settings.lora,
             **_history(log, ("rewards/chosen_sum", "rewards/rejected_sum", "kl", "loss"))}

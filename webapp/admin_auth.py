@@ -6,7 +6,8 @@ import sys
 from typing import Callable
 
 import click
-from flask import Blueprint, current_app, flash, jsonify, redirect, render_template, request, session, url_for
+from flask import (Blueprint, current_app, flash, has_request_context, jsonify, redirect, render_template, request,
+                   session, url_for)
 from flask_login import current_user, login_user, logout_user
 from werkzeug.security import check_password_hash, generate_password_hash
 
@@ -19,6 +20,8 @@ MIN_PASSWORD = 8
 
 
 def is_admin() -> bool:
+    if not has_request_context():  # scheduler jobs and CLI commands act without a user
+        return False
     return bool(current_user.is_authenticated and getattr(current_user, "is_admin", False))
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from flask import Blueprint, current_app, render_template, request
+from flask import Blueprint, render_template, request
 from werkzeug.exceptions import NotFound
 
 from .ab_metrics import default_experiment, experiment_metrics
@@ -15,6 +15,7 @@ from .experiments import running_experiment
 from .extensions import db
 from .models import (AuditEvent, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion, TrainingRun,
                      User, utcnow)
+from .scheduler import scheduled_jobs
 from .svg_charts import line_chart
 
 bp = Blueprint("admin_pages", __name__, url_prefix="/admin")
@@ -52,7 +53,7 @@ def overview():
     events = db.session.scalars(db.select(AuditEvent).order_by(AuditEvent.id.desc()).limit(10)).all()
     return render_template("admin/overview.html", stats=stats, active=active_version(), experiment=exp,
                            summary=summary, runs=[run_dict(r) for r in runs], events=events,
-                           scheduler=current_app.extensions.get("rlhf_scheduler_jobs", lambda: [])())
+                           scheduler=scheduled_jobs())
 
 
 @bp.get("/experiments")

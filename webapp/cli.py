@@ -20,6 +20,7 @@ def init_app(app: Flask) -> None:
     app.cli.add_command(rl_train_command)
     app.cli.add_command(export_feedback_command)
     app.cli.add_command(ab_report_command)
+    app.cli.add_command(scheduler_command)
     from .admin_auth import create_admin_command
 
     app.cli.add_command(create_admin_command)
@@ -70,6 +71,9 @@ def serve_command(host: str, port: int, threads: int, workers: int) -> None:
     if current_app.config["RLHF_AUTO_INIT_MODEL"]:
         _ensure_model()
     app = current_app._get_current_object()
+    if app.config["RLHF_SCHEDULER"] and workers > 1:
+        raise click.ClickException("RLHF_SCHEDULER runs the scheduler inside one web worker; with --workers > 1 "
+                                   "run `flask --app webapp scheduler` as its own process instead")
 
     class _Server(BaseApplication):
         def load_config(self) -> None:
@@ -81,6 +85,10 @@ def serve_command(host: str, port: int, threads: int, workers: int) -> None:
             self.cfg.set("accesslog", "-")
 
         def load(self):
+            if app.config["RLHF_SCHEDULER"]:  # in the worker process, after gunicorn forked it
+                from .scheduler import start_background
+
+                start_background(app)
             return app
 
     click.echo(f"Serving on http://{host}:{port}/", err=True)
@@ -106,6 +114,11 @@ def rl_train_command(algorithm: str, min_feedback: int | None, max_steps: int | 
     """
     from .training import EXIT_FAILED, EXIT_GATE_REJECTED, EXIT_REFUSED, RunRefused, dumps, run_training
 
+    threads = int(current_app.config["RLHF_TRAIN_THREADS"])
+    if threads > 0:  # leave cores to a web server on the same machine
+        import torch
+
+        torch.set_num_threads(threads)
     bars = StageBars(disable=not sys.stderr.isatty())
     try:
         # Libraries print to stdout during training; keep stdout for the result alone.
@@ -201,3 +214,21 @@ def ab_report_command(key: str | None, as_json: bool) -> None:
     if srm["p_value"] is not None:
         flag = "MISMATCH - check routing" if srm["mismatch"] else "ok"
         click.echo(f"  sample ratio: chi2 {srm['chi2']:.2f}, p {srm['p_value']:.4g} ({flag})")
+
+
+@click.command("scheduler")
+def scheduler_command() -> None:
+    """Run the APScheduler loop (retrain, experiment monitor, housekeeping) as its own process."""
+    import logging
+
+    from .scheduler import build_scheduler
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    app = current_app._get_current_object()
+    scheduler = build_scheduler(app, blocking=True)
+    click.echo("Scheduler running (Ctrl-C to stop). Jobs: " + ", ".join(
+        f"{j.id} every {j.trigger.interval}" for j in scheduler.get_jobs()), err=True)
+    try:
+        scheduler.start()
+    except (KeyboardInterrupt, SystemExit):
+        pass

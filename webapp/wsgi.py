@@ -11,3 +11,8 @@ if app.config["RLHF_AUTO_INIT_MODEL"]:
 
     with app.app_context(), StageBars() as bars:
         ensure_base_version(progress=bars)
+
+if app.config["RLHF_SCHEDULER"]:
+    from .scheduler import start_background
+
+    start_background(app)

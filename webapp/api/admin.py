@@ -154,7 +154,8 @@ def start_run():
     return jsonify(started=True, pid=proc.pid, algorithm=algorithm), 202
 
 
-def spawn_training(algorithm: str = "ppo", max_steps: int | None = None, trigger: str = "manual") -> subprocess.Popen:
+def spawn_training(algorithm: str = "ppo", max_steps: int | None = None, trigger: str = "manual",
+                   min_feedback: int | None = None) -> subprocess.Popen:
     instance = Path(current_app.config["INSTANCE_DIR"])
     log_dir = instance / "logs"
     log_dir.mkdir(exist_ok=True)
@@ -162,6 +163,8 @@ def spawn_training(algorithm: str = "ppo", max_steps: int | None = None, trigger
            "--trigger", trigger, "--json"]
     if max_steps:
         cmd += ["--max-steps", str(max_steps)]
+    if min_feedback is not None:
+        cmd += ["--min-feedback", str(min_feedback)]
     env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance)}
     if current_app.config.get("SQLALCHEMY_DATABASE_URI"):
         env["DATABASE_URL"] = current_app.config["SQLALCHEMY_DATABASE_URI"]

@@ -237,6 +237,16 @@ def _answer(user_msg: Message, route: Route, loaded: LoadedModel, stream: bool, 
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
+def _add_question(conv: Conversation, content: str, parent: Message | None) -> Message:
+    """Store a user turn; the first one also titles the conversation."""
+    user_msg = Message(conversation_id=conv.id, role="user", content=content, parent_id=parent.id if parent else None)
+    db.session.add(user_msg)
+    if conv.title == "New chat":
+        conv.title = content if len(content) <= 60 else content[:57].rstrip() + "..."
+    db.session.commit()
+    return user_msg
+
+
 @bp.post("/conversations/<int:conversation_id>/messages")
 def post_message(conversation_id: int):
     data = json_body({"content", "stream", "parent_id"})
@@ -247,12 +257,7 @@ def post_message(conversation_id: int):
     parent = resolve_parent(conv, data)
     route = route_for(user)
     loaded = load(route)  # a model that cannot answer fails with 503 before anything is written
-    user_msg = Message(conversation_id=conv.id, role="user", content=content,
-                       parent_id=parent.id if parent else None)
-    db.session.add(user_msg)
-    if conv.title == "New chat":
-        conv.title = content if len(content) <= 60 else content[:57].rstrip() + "..."
-    db.session.commit()
+    user_msg = _add_question(conv, content, parent)
     return _answer(user_msg, route, loaded, stream, created_user_msg=True)
 
 
@@ -324,12 +329,7 @@ def compare(conversation_id: int):
     else:
         content = message_content(data)
         parent = resolve_parent(conv, data)
-        user_msg = Message(conversation_id=conv.id, role="user", content=content,
-                           parent_id=parent.id if parent else None)
-        db.session.add(user_msg)
-        if conv.title == "New chat":
-            conv.title = content if len(content) <= 60 else content[:57].rstrip() + "..."
-        db.session.commit()
+        user_msg = _add_question(conv, content, parent)
         created = True
     messages = history(user_msg)
     settings = generation_settings()

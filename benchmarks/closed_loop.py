@@ -1,0 +1,241 @@
+"""Closed-loop benchmark: simulated users -> scheduled retraining -> experiment -> better answers.
+
+For each preference function: a fresh instance with the embedded model, the real production
+server on a loopback port with the scheduler inside (short intervals), and rounds of:
+
+1. feedback phase -- rating users (thumbs, stars, corrections, regenerations, compare votes)
+   chat until the cycle's feedback budget is reached (at most 400 events in all);
+2. training        -- the scheduler notices the new feedback and runs rl-train in a child
+   process; chat-only probe users keep chatting to measure latency while it trains;
+3. experiment      -- the experiment monitor starts control-vs-candidate; chat-only evaluation
+   users (50/50 by hash) ask held-out questions; every served answer is judged by the
+   preference function (ground truth) and the arms are compared with a two-proportion test;
+   the monitor concludes by its policy (primary metric: mean reward-model score, so the
+   decision needs no extra feedback events).
+
+Stops after the first cycle whose variant satisfies the preference significantly more often
+than the control (p < 0.05), or after 2 cycles.
+
+    .venv/bin/python benchmarks/closed_loop.py [--preference polite on_topic concise] [--markdown FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from rlhf.simulated_users import Behaviour, SimulatedUser, prompt_set  # noqa: E402
+from tests.conftest import cached_model, make_app, register_model  # noqa: E402
+from tests.live_server import LiveServer  # noqa: E402
+from webapp import ab_stats  # noqa: E402
+from webapp.extensions import db  # noqa: E402
+from webapp.models import Experiment, TrainingRun  # noqa: E402
+
+FEEDBACK_BUDGET = (200, 400)  # cumulative feedback events allowed before cycle 1 and cycle 2
+EVAL_PER_ARM = 250  # chat-only answers judged per arm (the monitor waits for as many before deciding)
+
+
+def server_env() -> dict[str, str]:
+    return {"RLHF_SCHEDULER": "1", "RLHF_RETRAIN_INTERVAL_SECONDS": "4", "RLHF_MONITOR_INTERVAL_SECONDS": "3",
+            "RLHF_HOUSEKEEPING_INTERVAL_SECONDS": "300", "RLHF_RETRAIN_MIN_FEEDBACK": "150",
+            "RLHF_PRIMARY_METRIC": "mean_reward", "RLHF_AB_MIN_SAMPLE": str(EVAL_PER_ARM), "RLHF_COMPARE_RATE": "0",
+            "RLHF_EXPERIMENT_SPLIT": "0.5", "RLHF_DEVICE": "cpu", "RLHF_RETRAIN_ALGORITHM": "ppo"}
+
+
+class Probe(threading.Thread):
+    """Chat-only users asking a question every ``think_s`` seconds; records (time, latency)."""
+
+    def __init__(self, url: str, preference: str, seed: int, think_s: float = 1.0) -> None:
+        super().__init__(daemon=True)
+        self.url, self.preference, self.seed, self.think_s = url, preference, seed, think_s
+        self.samples: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        prompts = prompt_set(60, seed=self.seed)
+        i = 0
+        while not self.stop.is_set():
+            user = SimulatedUser(self.url, self.preference, seed=self.seed * 1000 + i, rate=False)
+            for inter in user.ask(prompts[i % len(prompts)]):
+                self.samples.append((time.time(), inter.latency_s))
+            i += 1
+            self.stop.wait(self.think_s)
+
+
+def p95(values: list[float]) -> float | None:
+    return ab_stats.percentile(values, 95) if values else None
+
+
+_APPS: dict[Path, object] = {}
+
+
+def db_state(instance: Path):
+    """(training runs, experiments) as plain tuples, read through one app per instance."""
+    app = _APPS.setdefault(instance, make_app(instance))
+    with app.app_context():
+        runs = [(r.id, r.status, r.trigger, (r.metrics or {}).get("decision"),
+                 (r.metrics or {}).get("reward_model", {}).get("heldout_accuracy"), r.started_at, r.finished_at,
+                 (r.feedback_counts or {}).get("events"))
+                for r in db.session.scalars(db.select(TrainingRun).order_by(TrainingRun.id))]
+        exps = [(e.key, e.status, e.decision, e.variant_version.name, e.control_version.name)
+                for e in db.session.scalars(db.select(Experiment).order_by(Experiment.id))]
+        db.session.remove()
+    return runs, exps
+
+
+def wait_for(predicate, timeout: float, every: float = 1.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    return None
+
+
+def run_preference(preference: str, model_dir: Path) -> dict:
+    t_start = time.perf_counter()
+    instance = Path(tempfile.mkdtemp(prefix=f"loop-{preference}-")) / "instance"
+    register_model(make_app(instance), model_dir)
+    server = LiveServer(instance, env=server_env())
+    prompts = prompt_set(120, seed=3)
+    held_out = prompt_set(200, seed=99)
+    events, seed, rounds = 0, 0, []
+    train_latency: list[float] = []
+    idle_latency: list[float] = []
+    try:
+        for cycle, budget in enumerate(FEEDBACK_BUDGET, start=1):
+            rnd: dict = {"cycle": cycle}
+            n_runs = len(db_state(instance)[0])
+            # 1. feedback phase
+            t0 = time.perf_counter()
+            while events < budget:
+                user = SimulatedUser(server.url, preference, seed=seed, behaviour=Behaviour())
+                seed += 1
+                for _ in range(3):
+                    if events >= budget:
+                        break
+                    for inter in user.ask(prompts[seed % len(prompts)]):
+                        events += inter.events
+                        idle_latency.append(inter.latency_s)
+            rnd["feedback_events_total"] = events
+            rnd["feedback_s"] = round(time.perf_counter() - t0, 1)
+
+            # 2. training by the scheduler, with probes measuring latency meanwhile
+            t0 = time.perf_counter()
+            probe = Probe(server.url, preference, seed=1000 + cycle)
+            probe.start()
+            started = wait_for(lambda: len(db_state(instance)[0]) > n_runs, 120)
+            done = wait_for(lambda: (r := db_state(instance)[0][-1]) and r[1] in ("succeeded", "failed") and r, 900)
+            probe.stop.set()
+            probe.join()
+            run = done or db_state(instance)[0][-1]
+            if run and run[5] and run[6]:
+                window = (run[5].timestamp(), run[6].timestamp())
+                train_latency += [lat for ts, lat in probe.samples if window[0] <= ts <= window[1] + 1]
+            rnd.update(training_s=round(time.perf_counter() - t0, 1), run_id=run[0] if run else None,
+                       run_status=run[1] if run else "no run", run_decision=run[3] if run else None,
+                       reward_model_accuracy=run[4] if run else None, run_events=run[7] if run else None,
+                       scheduler_started_run=bool(started))
+            if not run or run[3] != "candidate":
+                rounds.append(rnd)
+                continue
+
+            # 3. the monitor starts an experiment; evaluation users chat; ground truth per arm
+            t0 = time.perf_counter()
+            exp = wait_for(lambda: next((e for e in db_state(instance)[1] if e[1] == "running"), None), 60)
+            rnd["experiment"] = exp[0] if exp else None
+            # judged by the version that answered (after a promotion new users get the variant without an arm)
+            control_name, variant_name = (exp[4], exp[3]) if exp else (None, None)
+            judged: dict[str, list[bool]] = {"control": [], "variant": []}
+            i, deadline = 0, time.time() + 600
+            while min(map(len, judged.values())) < EVAL_PER_ARM and time.time() < deadline and i < 6 * EVAL_PER_ARM:
+                user = SimulatedUser(server.url, preference, seed=50_000 + cycle * 10_000 + i, rate=False)
+                for inter in user.ask(held_out[i % len(held_out)]):
+                    arm = {control_name: "control", variant_name: "variant"}.get(inter.model_version)
+                    if arm:
+                        judged[arm].append(inter.satisfaction >= 0.5)
+                    idle_latency.append(inter.latency_s)
+                i += 1
+            c, v = judged["control"], judged["variant"]
+            est_c, est_v = ab_stats.wilson(sum(c), len(c)), ab_stats.wilson(sum(v), len(v))
+            cmp_ = ab_stats.compare_proportions((sum(c), len(c)), (sum(v), len(v)))
+            rnd.update(control={"share": est_c.value, "ci": [est_c.low, est_c.high], "n": len(c)},
+                       variant={"share": est_v.value, "ci": [est_v.low, est_v.high], "n": len(v)},
+                       p_value=cmp_.p_value, experiment_s=round(time.perf_counter() - t0, 1))
+            decided = wait_for(lambda: next((e for e in db_state(instance)[1] if e[0] == rnd["experiment"]
+                                             and e[1] != "running"), None), 20)
+            rnd["decision"] = (decided[2] if decided else "wait (still running)")
+            rounds.append(rnd)
+            if cmp_.p_value is not None and cmp_.p_value < 0.05 and est_v.value > est_c.value:
+                break
+    finally:
+        server.stop()
+    last = next((r for r in reversed(rounds) if "p_value" in r), None)
+    return {"preference": preference, "rounds": rounds, "feedback_events": events,
+            "success": bool(last and last["p_value"] < 0.05 and last["variant"]["share"] > last["control"]["share"]),
+            "cycles": len(rounds), "wall_s": round(time.perf_counter() - t_start, 1),
+            "latency_p95_training_ms": round(1000 * p95(train_latency), 1) if train_latency else None,
+            "latency_p95_idle_ms": round(1000 * p95(idle_latency), 1) if idle_latency else None,
+            "latency_samples": {"training": len(train_latency), "idle": len(idle_latency)}}
+
+
+def _share(arm: dict | None) -> str:
+    if not arm or arm.get("share") is None:
+        return "–"
+    return f"{arm['share']:.1%} [{arm['ci'][0]:.1%}, {arm['ci'][1]:.1%}] n={arm['n']}"
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["| preference | cycle | feedback events (total) | RM held-out acc. | control satisfied [95% CI] | "
+             "variant satisfied [95% CI] | p-value | monitor decision | feedback s | training s | experiment s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for res in results:
+        for r in res["rounds"]:
+            acc = r.get("reward_model_accuracy")
+            p = r.get("p_value")
+            lines.append(" | ".join([
+                f"| {res['preference']}", str(r["cycle"]), str(r.get("feedback_events_total")),
+                f"{acc:.2f}" if acc is not None else "–", _share(r.get("control")), _share(r.get("variant")),
+                f"{p:.2g}" if p is not None else "–", str(r.get("decision", r.get("run_decision"))),
+                str(r.get("feedback_s")), str(r.get("training_s")), str(r.get("experiment_s", "–")) + " |"]))
+    lines.append("")
+    for res in results:
+        lines.append(f"- {res['preference']}: {'PASS' if res['success'] else 'FAIL'} in {res['cycles']} cycle(s), "
+                     f"{res['feedback_events']} feedback events, {res['wall_s']:.0f} s wall; chat latency p95 "
+                     f"{res['latency_p95_training_ms']} ms while training vs {res['latency_p95_idle_ms']} ms idle "
+                     f"({res['latency_samples']['training']} / {res['latency_samples']['idle']} samples)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preference", nargs="+", default=["polite", "on_topic", "concise"])
+    ap.add_argument("--markdown", type=Path, help="also write the table to this file")
+    ap.add_argument("--json", type=Path, help="also write the raw results to this file")
+    args = ap.parse_args()
+    model_dir = cached_model("default")
+    results = []
+    for pref in args.preference:
+        res = run_preference(pref, model_dir)
+        results.append(res)
+        print(json.dumps(res, default=str), flush=True)
+    table = markdown(results)
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(table + "\n")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
