@@ -1,14 +1,11 @@
 """Continuous learning: promotion policy, scheduler jobs, housekeeping, simulated users, a small loop."""
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import time
 
 import pytest
 
-from rlhf.simulated_users import SimulatedUser, prompt_set
+from rlhf.simulated_users import Behaviour, SimulatedUser, prompt_set
 from tests.conftest import make_app, register_model
 from tests.feedback_factory import seed_feedback
 from tests.live_server import LiveServer
@@ -186,13 +183,15 @@ def test_small_loop_closes_by_itself(tmp_path, micro_model_dir):
     env = {"RLHF_SCHEDULER": "1", "RLHF_RETRAIN_INTERVAL_SECONDS": "1", "RLHF_MONITOR_INTERVAL_SECONDS": "1",
            "RLHF_RETRAIN_MIN_FEEDBACK": "30", "RLHF_PPO_EPISODES": "32", "RLHF_DEVICE": "cpu",
            # micro models learn little: let any candidate through the gate so the loop can be observed
-           "RLHF_GATE_MIN_REWARD_GAIN": "-1000", "RLHF_GATE_MAX_KL": "1e9", "RLHF_COMPARE_RATE": "0"}
+           "RLHF_GATE_MIN_REWARD_GAIN": "-1000", "RLHF_GATE_MAX_KL": "1e9", "RLHF_COMPARE_RATE": "0",
+           "RLHF_MIN_PAIRS": "3"}
     server = LiveServer(inst, env=env)
     try:
         prompts = prompt_set(30)
         events = 0
         for i in range(40):
-            user = SimulatedUser(server.url, "polite", seed=i)
+            # the micro model talks noise, which an on-topic judge dislikes: corrections give pairs
+            user = SimulatedUser(server.url, "on_topic", seed=i, behaviour=Behaviour(correction_prob=0.6))
             events += sum(x.events for x in user.ask(prompts[i % len(prompts)]))
             if events >= 30:
                 break
@@ -204,7 +203,7 @@ def test_small_loop_closes_by_itself(tmp_path, micro_model_dir):
                 db.session.remove()
                 return db.session.scalars(db.select(Experiment).filter_by(status="running")).first()
 
-        deadline = time.time() + 240
+        deadline = time.time() + 180
         while time.time() < deadline and experiment() is None:
             time.sleep(1)
         exp = experiment()
