@@ -44,6 +44,15 @@ def test_promotion_policy(metrics, hours, action, needle):
     assert decision.numbers["p_value"] == metrics["metrics"][0]["comparison"]["p_value"]
 
 
+def test_guardrail_blocks_promotion_on_a_self_serving_metric():
+    metrics = table(0.5, 0.0001, metric="mean_reward", kind="mean")
+    metrics["metrics"].append(table(-0.1, 0.001)["metrics"][0])  # thumbs-up rate significantly worse
+    decision = decide(metrics, PolicySettings(primary_metric="mean_reward"), 1)
+    assert decision.action == "retire" and "thumbs_up_rate" in decision.reason
+    metrics["metrics"][1]["comparison"]["p_value"] = 0.4  # not significant: no objection
+    assert decide(metrics, PolicySettings(primary_metric="mean_reward"), 1).action == "promote"
+
+
 def test_unknown_primary_metric_is_an_error():
     with pytest.raises(ValueError, match="unknown primary metric"):
         decide(table(0.1, 0.01), PolicySettings(primary_metric="vibes"), 1)

@@ -3,7 +3,8 @@
 Pure function of the metrics dict (``ab_metrics.experiment_metrics``) so it can be tested on
 constructed tables:
 * promote  -- the primary metric has enough samples in both arms and the variant is better
-              with p < alpha;
+              with p < alpha, and no guardrail metric (thumbs, rating, compare votes) is
+              significantly worse;
 * retire   -- enough samples and the variant is worse with p < alpha, or the maximum duration
               has passed without a significant result (keep the control);
 * wait     -- otherwise. A sample-ratio mismatch also means wait: the numbers are not trusted.
@@ -31,6 +32,16 @@ class Decision:
         return asdict(self)
 
 
+# What users say directly: a variant that is significantly worse on any of these is never promoted,
+# whatever the primary metric (e.g. a reward-model score the variant was optimised against) says.
+GUARDRAILS = ("thumbs_up_rate", "mean_rating", "compare_win_rate")
+
+
+def _better(row: dict[str, Any]) -> bool:
+    diff = row["comparison"]["diff"]
+    return diff > 0 if row["kind"] == "win_rate" else (diff > 0) == row["higher_is_better"]
+
+
 def decide(metrics: dict[str, Any], settings: PolicySettings, hours_running: float) -> Decision:
     rows = {m["name"]: m for m in metrics["metrics"]}
     if settings.primary_metric not in rows:
@@ -49,7 +60,14 @@ def decide(metrics: dict[str, Any], settings: PolicySettings, hours_running: flo
         return Decision("wait", "sample ratio mismatch: routing must be fixed before deciding", numbers)
     significant = row["enough_data"] and c.get("p_value") is not None and c["p_value"] < settings.alpha
     if significant and c.get("diff") is not None and c["diff"] != 0:
-        better = (c["diff"] > 0) == row["higher_is_better"] if row["kind"] != "win_rate" else c["diff"] > 0
+        better = _better(row)
+        worse_guard = [g["name"] for g in rows.values() if g["name"] in GUARDRAILS and g is not row and
+                       g["enough_data"] and (g["comparison"].get("p_value") or 1) < settings.alpha and
+                       g["comparison"].get("diff") and not _better(g)]
+        if better and worse_guard:
+            numbers["guardrails_worse"] = worse_guard
+            return Decision("retire", f"variant better on {row['name']} but significantly worse on "
+                                      f"{', '.join(worse_guard)}", numbers)
         if better:
             return Decision("promote", f"variant better on {row['name']} (p={c['p_value']:.4g} < {settings.alpha})",
                             numbers)
