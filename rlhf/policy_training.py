@@ -14,12 +14,12 @@ from typing import Any, Callable
 
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from .loading import resolve_device
 from .preference_data import to_standard
 from .reward_model import context_length
-from .trl_utils import drop_printer, quiet_trl, training_precision
+from .trl_utils import ProgressCallback, drop_printer, quiet_trl, training_precision
 
 ProgressFn = Callable[[str, int, int], None]
 ALGORITHMS = ("ppo", "dpo", "kto", "rloo")
@@ -56,18 +56,11 @@ class PolicySettings:
         return self
 
 
-class _Progress(TrainerCallback):
-    def __init__(self, progress: ProgressFn | None, stage: str) -> None:
-        self.progress, self.stage = progress, stage
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.progress:
-            self.progress(self.stage, state.global_step, max(state.max_steps, 1))
 
 
 def _callbacks(trainer: Any, progress: ProgressFn | None, stage: str) -> None:
     drop_printer(trainer)
-    trainer.add_callback(_Progress(progress, stage))
+    trainer.add_callback(ProgressCallback(progress, stage))
 
 
 def _lora_config(model: Any, settings: PolicySettings):

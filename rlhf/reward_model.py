@@ -13,11 +13,11 @@ from typing import Any, Callable
 
 import torch
 from datasets import Dataset
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from .loading import resolve_device
 from .preference_data import to_standard
-from .trl_utils import drop_printer, quiet_trl, training_precision
+from .trl_utils import ProgressCallback, drop_printer, quiet_trl, training_precision
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -34,12 +34,6 @@ class RewardSettings:
     min_steps: int = 40  # small datasets get more epochs, up to this many optimisation steps
 
 
-class _Progress(TrainerCallback):
-    def __init__(self, progress: ProgressFn, stage: str) -> None:
-        self.progress, self.stage = progress, stage
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.progress(self.stage, state.global_step, max(state.max_steps, 1))
 
 
 def load_reward_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Any, Any]:
@@ -117,7 +111,7 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
             seed=settings.seed, data_seed=settings.seed, use_cpu=dev.type == "cpu", dataloader_num_workers=0,
             **training_precision(dev))
         trainer = RewardTrainer(model=model, args=args, train_dataset=train_ds, processing_class=tokenizer,
-                                callbacks=[_Progress(progress, "reward")] if progress else None)
+                                callbacks=[ProgressCallback(progress, "reward")] if progress else None)
         drop_printer(trainer)
         result = trainer.train()
     model = trainer.model.eval()

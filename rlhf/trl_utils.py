@@ -4,9 +4,10 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from transformers import TrainerCallback
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -26,6 +27,17 @@ def quiet_trl() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+
+
+class ProgressCallback(TrainerCallback):
+    """Reports a Trainer's steps as ``progress(stage, step, max_steps)``."""
+
+    def __init__(self, progress: Callable[[str, int, int], None] | None, stage: str) -> None:
+        self.progress, self.stage = progress, stage
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.progress:
+            self.progress(self.stage, state.global_step, max(state.max_steps, 1))
 
 
 def drop_printer(trainer: Any) -> None:
