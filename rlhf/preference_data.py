@@ -102,6 +102,17 @@ class _Collector:
         self.sources[source] += 1
 
 
+def _add_pair(pairs: _Collector, split: str, prompt: Messages, chosen: str, rejected: str, margin: float,
+              source: str) -> None:
+    pairs.add(split, {"prompt": prompt, "chosen": _assistant(chosen), "rejected": _assistant(rejected),
+                      "margin": margin}, _key(history_text(prompt), chosen, rejected), [chosen, rejected], source)
+
+
+def _add_kto(kto: _Collector, split: str, prompt: Messages, text: str, label: bool, source: str) -> None:
+    kto.add(split, {"prompt": prompt, "completion": _assistant(text), "label": label},
+            _key(history_text(prompt), text, label), [text], source)
+
+
 def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSettings = DataSettings()) -> DatasetBundle:
     pairs, kto, prompts = _Collector(settings), _Collector(settings), _Collector(settings)
     totals: Counter = Counter()
@@ -133,21 +144,15 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
             totals["feedback"] += 1
             score = fb.score()
             if score is not None:
-                kto.add(split, {"prompt": prompt, "completion": _assistant(m.content), "label": score > 0},
-                        _key(history_text(prompt), m.content, score > 0), [m.content], "rating")
+                _add_kto(kto, split, prompt, m.content, score > 0, "rating")
                 if len(prompt) == 1 and score != 0:
                     by_question[prompt[0]["content"].strip().lower()].append(
                         (split, conv.id, prompt, m.content, score))
             if fb.correction and fb.correction.strip() != m.content.strip():
                 totals["corrections"] += 1
-                pairs.add(split, {"prompt": prompt, "chosen": _assistant(fb.correction),
-                                  "rejected": _assistant(m.content), "margin": 1.0},
-                          _key(history_text(prompt), fb.correction, m.content), [fb.correction, m.content],
-                          "correction")
-                kto.add(split, {"prompt": prompt, "completion": _assistant(fb.correction), "label": True},
-                        _key(history_text(prompt), fb.correction, True), [fb.correction], "correction")
-                kto.add(split, {"prompt": prompt, "completion": _assistant(m.content), "label": False},
-                        _key(history_text(prompt), m.content, False), [m.content], "corrected")
+                _add_pair(pairs, split, prompt, fb.correction, m.content, 1.0, "correction")
+                _add_kto(kto, split, prompt, fb.correction, True, "correction")
+                _add_kto(kto, split, prompt, m.content, False, "corrected")
 
         # siblings: answers to the same question with different thumbs/ratings
         for parent_id, kids in children.items():
@@ -159,9 +164,7 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
                     if abs(sa - sb) < settings.min_score_gap_siblings:
                         continue
                     win, lose = (a, b) if sa > sb else (b, a)
-                    pairs.add(split, {"prompt": prompt, "chosen": _assistant(win.content),
-                                      "rejected": _assistant(lose.content), "margin": round(abs(sa - sb) / 2, 3)},
-                              _key(history_text(prompt), win.content, lose.content), [win.content, lose.content],
+                    _add_pair(pairs, split, prompt, win.content, lose.content, round(abs(sa - sb) / 2, 3),
                               "siblings")
 
         for c in conv.comparisons:
@@ -175,18 +178,12 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
             prompt = _history(q, by_id)
             if c.winner in ("a", "b"):
                 win, lose = (a, b) if c.winner == "a" else (b, a)
-                pairs.add(split, {"prompt": prompt, "chosen": _assistant(win.content),
-                                  "rejected": _assistant(lose.content), "margin": 1.0},
-                          _key(history_text(prompt), win.content, lose.content), [win.content, lose.content],
-                          "compare")
-                kto.add(split, {"prompt": prompt, "completion": _assistant(win.content), "label": True},
-                        _key(history_text(prompt), win.content, True), [win.content], "compare_winner")
-                kto.add(split, {"prompt": prompt, "completion": _assistant(lose.content), "label": False},
-                        _key(history_text(prompt), lose.content, False), [lose.content], "compare_loser")
+                _add_pair(pairs, split, prompt, win.content, lose.content, 1.0, "compare")
+                _add_kto(kto, split, prompt, win.content, True, "compare_winner")
+                _add_kto(kto, split, prompt, lose.content, False, "compare_loser")
             elif c.winner == "both_bad":
                 for m in (a, b):
-                    kto.add(split, {"prompt": prompt, "completion": _assistant(m.content), "label": False},
-                            _key(history_text(prompt), m.content, False), [m.content], "both_bad")
+                    _add_kto(kto, split, prompt, m.content, False, "both_bad")
 
     # same question, different conversations: clearly better vs clearly worse answers
     for answers in by_question.values():
@@ -204,9 +201,7 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
                     continue
                 used[id(g)] += 1
                 used[id(b)] += 1
-                pairs.add(g[0], {"prompt": g[2], "chosen": _assistant(g[3]), "rejected": _assistant(b[3]),
-                                 "margin": round((g[4] - b[4]) / 2, 3)},
-                          _key(history_text(g[2]), g[3], b[3]), [g[3], b[3]], "same_prompt")
+                _add_pair(pairs, g[0], g[2], g[3], b[3], round((g[4] - b[4]) / 2, 3), "same_prompt")
 
     # pairs whose chosen and rejected texts are identical teach nothing
     for split in ("train", "eval"):
