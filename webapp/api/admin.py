@@ -144,7 +144,9 @@ def start_run():
     max_steps = data.get("max_steps")
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
         raise BadRequest("'max_steps' must be a positive integer.")
-    if db.session.scalars(db.select(TrainingRun).filter_by(status="running")).first() is not None:
+    from ..scheduler import training_in_progress
+
+    if training_in_progress():  # the run's lock, not its row: a dead run's row must not block new runs
         raise Conflict("A training run is already in progress.")
     events = feedback_event_count()
     needed = int(current_app.config["RLHF_RETRAIN_MIN_FEEDBACK"])
