@@ -313,6 +313,6 @@ def topic_of(question: str) -> Topic | None:
     """The topic a corpus-style question is about, or None if it names no known task/topic."""
     q = question.lower()
     for topic in TOPICS:
-        if any(task.phrase in q for task in topic.tasks) or topic.name in q:
+        if any(task.phrase.lower() in q for task in topic.tasks) or topic.name in q:
             return topic
     return None

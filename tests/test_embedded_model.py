@@ -45,6 +45,16 @@ def test_answer_qualities_differ_in_the_ways_feedback_can_learn():
     assert corpus.topic_of("How do I cook rice?") is topic
 
 
+def test_every_corpus_question_maps_back_to_its_topic():
+    # every question form about every task and topic (a task phrase with a capital "I" once fell through)
+    for topic in corpus.TOPICS:
+        for form in corpus.TASK_QUESTIONS:
+            for task in topic.tasks:
+                assert corpus.topic_of(form.format(task=task.phrase)) is topic, form.format(task=task.phrase)
+        for form in corpus.TOPIC_QUESTIONS:
+            assert corpus.topic_of(form.format(topic=topic.name)) is topic
+
+
 def test_tokenizer_has_distinct_pad_left_padding_and_chat_template():
     tok = train_tokenizer(["Hello there. How do I cook rice?"] * 50, vocab_size=300)
     assert tok.pad_token_id is not None and tok.pad_token_id != tok.eos_token_id
