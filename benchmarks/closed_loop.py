@@ -48,7 +48,10 @@ def server_env() -> dict[str, str]:
     return {"RLHF_SCHEDULER": "1", "RLHF_RETRAIN_INTERVAL_SECONDS": "4", "RLHF_MONITOR_INTERVAL_SECONDS": "3",
             "RLHF_HOUSEKEEPING_INTERVAL_SECONDS": "300", "RLHF_RETRAIN_MIN_FEEDBACK": "150",
             "RLHF_PRIMARY_METRIC": "mean_reward", "RLHF_AB_MIN_SAMPLE": str(EVAL_PER_ARM), "RLHF_COMPARE_RATE": "0",
-            "RLHF_EXPERIMENT_SPLIT": "0.5", "RLHF_DEVICE": "cpu", "RLHF_RETRAIN_ALGORITHM": "ppo"}
+            "RLHF_EXPERIMENT_SPLIT": "0.5", "RLHF_DEVICE": "cpu", "RLHF_RETRAIN_ALGORITHM": "ppo",
+            # hundreds of simulated users from 127.0.0.1, as fast as the server answers: a load
+            # test, not people, so the per-address rate limits are off
+            "RLHF_RATELIMIT_ENABLED": "0"}
 
 
 class Probe(threading.Thread):

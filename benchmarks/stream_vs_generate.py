@@ -93,7 +93,8 @@ def main() -> None:
     model_dir = args.model or cached_model("default")
     instance = Path(tempfile.mkdtemp(prefix="bench-stream-")) / "instance"
     register_model(make_app(instance), model_dir)
-    server = LiveServer(instance, env={"RLHF_DEVICE": "cpu"})
+    # one user asking back to back: rate limits (meant for people) would cut the series short
+    server = LiveServer(instance, env={"RLHF_DEVICE": "cpu", "RLHF_RATELIMIT_ENABLED": "0"})
     try:
         model, tok = load_causal_lm(model_dir, "cpu")
         s = requests.Session()

@@ -30,13 +30,14 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     login_manager.login_view = "admin_auth.login"
     limiter.init_app(app)
 
-    from . import admin_auth, admin_pages, auth, cli, errors, pages
+    from . import admin_auth, admin_pages, auth, cli, errors, pages, security
     from .api import admin as admin_api
     from .api import chat as chat_api
     from .api import session as session_api
 
     auth.init_app(app)
     errors.init_app(app)
+    security.init_app(app)
     for blueprint in (session_api.bp, chat_api.bp, pages.bp, admin_auth.bp, admin_pages.bp, admin_api.bp):
         app.register_blueprint(blueprint)
     cli.init_app(app)

@@ -65,9 +65,9 @@ def _login_limit() -> str:
 
 
 @bp.route("/login", methods=["GET", "POST"])
-@limiter.limit(_login_limit, methods=["POST"])
+@limiter.limit(_login_limit, methods=["POST"], error_message="Too many login attempts from your network address.")
 @limiter.limit(_login_limit, methods=["POST"], key_func=lambda: (request.form.get("username") or "").lower(),
-               scope="login-user")
+               scope="login-user", error_message="Too many login attempts for this username.")
 def login():
     if is_admin():
         return redirect(_safe_next(request.args.get("next")))

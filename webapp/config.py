@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from limits import parse_many
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,7 +56,15 @@ DEFAULTS: dict[str, Any] = {
     # A/B experiments and admin.
     "RLHF_AB_MIN_SAMPLE": 30,  # per arm, before a metric is judged ("not enough data yet" below)
     "RLHF_COMPARE_RATE": 0.1,  # share of answers shown side by side while an experiment runs
-    "RLHF_LOGIN_RATE_LIMIT": "10 per minute",
+    # Rate limits ("N per second|minute|hour|day", several joined with ";"). Chat (posting a
+    # message, regenerate, compare) and feedback (feedback, compare votes) count per user and per
+    # client address; the per-address limits are high because many users can share one address.
+    "RLHF_LOGIN_RATE_LIMIT": "10 per minute",  # admin login attempts, per address and per username
+    "RLHF_CHAT_RATE_LIMIT": "30 per minute",
+    "RLHF_CHAT_RATE_LIMIT_PER_ADDRESS": "600 per minute",
+    "RLHF_FEEDBACK_RATE_LIMIT": "120 per minute",
+    "RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS": "2400 per minute",
+    "RATELIMIT_ENABLED": True,  # explicit per app: Flask-Limiter's one Limiter otherwise keeps the last app's value
     "RATELIMIT_STORAGE_URI": "memory://",
     # Cookies.
     "SESSION_COOKIE_HTTPONLY": True,
@@ -99,8 +108,16 @@ ENV_VARS: dict[str, str] = {
     "RLHF_AB_MIN_SAMPLE": "RLHF_AB_MIN_SAMPLE",
     "RLHF_COMPARE_RATE": "RLHF_COMPARE_RATE",
     "RLHF_LOGIN_RATE_LIMIT": "RLHF_LOGIN_RATE_LIMIT",
+    "RLHF_CHAT_RATE_LIMIT": "RLHF_CHAT_RATE_LIMIT",
+    "RLHF_CHAT_RATE_LIMIT_PER_ADDRESS": "RLHF_CHAT_RATE_LIMIT_PER_ADDRESS",
+    "RLHF_FEEDBACK_RATE_LIMIT": "RLHF_FEEDBACK_RATE_LIMIT",
+    "RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS": "RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS",
+    "RLHF_RATELIMIT_ENABLED": "RATELIMIT_ENABLED",
     "RLHF_RATELIMIT_STORAGE": "RATELIMIT_STORAGE_URI",
 }
+
+RATE_LIMIT_KEYS = ("RLHF_LOGIN_RATE_LIMIT", "RLHF_CHAT_RATE_LIMIT", "RLHF_CHAT_RATE_LIMIT_PER_ADDRESS",
+                   "RLHF_FEEDBACK_RATE_LIMIT", "RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -178,6 +195,12 @@ def build_config(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         cfg["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{folder / 'rlhf.db'}"
     if not cfg.get("SECRET_KEY"):
         cfg["SECRET_KEY"] = secret_key(folder)
+    for key in RATE_LIMIT_KEYS:
+        try:
+            parse_many(str(cfg[key]))
+        except ValueError:
+            raise ConfigError(f"{key}={cfg[key]!r} is not a rate limit (e.g. '30 per minute' or "
+                              "'30 per minute; 500 per day')") from None
     if cfg["RLHF_DEVICE"] not in ("auto", "cpu", "cuda") and not str(cfg["RLHF_DEVICE"]).startswith("cuda:"):
         raise ConfigError(f"RLHF_DEVICE={cfg['RLHF_DEVICE']!r} must be auto, cpu or cuda")
     return cfg

@@ -18,6 +18,7 @@ from rlhf.generation import GenerationResult, LoadedModel, generate_chat, stream
 from ..auth import current_visitor
 from ..extensions import db
 from ..models import Comparison, Conversation, Feedback, Message, User, iso, utcnow
+from ..security import chat_limit, feedback_limit
 from ..serving import Route, generation_settings, load, route_for
 from ..validation import (MAX_TITLE_CHARS, bool_field, feedback_changes, json_body, message_content, optional_id,
                           text_field)
@@ -248,6 +249,7 @@ def _add_question(conv: Conversation, content: str, parent: Message | None) -> M
 
 
 @bp.post("/conversations/<int:conversation_id>/messages")
+@chat_limit
 def post_message(conversation_id: int):
     data = json_body({"content", "stream", "parent_id"})
     user = current_visitor()
@@ -262,6 +264,7 @@ def post_message(conversation_id: int):
 
 
 @bp.post("/messages/<int:message_id>/regenerate")
+@chat_limit
 def regenerate(message_id: int):
     data = json_body({"stream"}, required=False)
     user = current_visitor()
@@ -280,6 +283,7 @@ def regenerate(message_id: int):
 # ---------------------------------------------------------------------------- feedback
 
 @bp.post("/messages/<int:message_id>/feedback")
+@feedback_limit
 def post_feedback(message_id: int):
     data = json_body({"thumb", "rating", "correction", "comment", "reasons"})
     user = current_visitor()
@@ -315,6 +319,7 @@ def _compare_routes(user: User) -> tuple[Route, Route]:
 
 
 @bp.post("/conversations/<int:conversation_id>/compare")
+@chat_limit
 def compare(conversation_id: int):
     data = json_body({"content", "parent_id", "message_id"})
     user = current_visitor()
@@ -355,6 +360,7 @@ def compare(conversation_id: int):
 
 
 @bp.post("/pairs/<int:pair_id>/vote")
+@feedback_limit
 def vote(pair_id: int):
     data = json_body({"winner"})
     user = current_visitor()

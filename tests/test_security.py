@@ -1,0 +1,283 @@
+"""Security headers, the session cookie's flags, and the rate limits of chat, feedback and login
+(per user and per address: 429 with Retry-After, JSON for the API, a page for forms)."""
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from tests.conftest import ApiClient, make_app, register_model
+from webapp.admin_auth import set_admin_password
+from webapp.config import ConfigError
+from webapp.extensions import db
+from webapp.models import Message
+
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; object-src 'none'; "
+       "base-uri 'self'; form-action 'self'; frame-ancestors 'none'")
+PASSWORD = "correct horse"
+
+
+@pytest.fixture
+def limited_app(tmp_path, micro_model_dir):
+    """Returns make(**config): an app (micro model, short answers, admin 'root') with the given limits."""
+    apps = []
+
+    def make(**config):
+        application = make_app(tmp_path / f"instance{len(apps)}", RLHF_MAX_NEW_TOKENS=4, **config)
+        register_model(application, micro_model_dir)
+        with application.app_context():
+            set_admin_password("root", PASSWORD)
+        apps.append(application)
+        return application
+    yield make
+    for application in apps:
+        with application.app_context():
+            db.session.remove()
+            db.engine.dispose()
+
+
+def user(app, address: str = "127.0.0.1") -> ApiClient:
+    client = app.test_client()
+    client.environ_base["REMOTE_ADDR"] = address
+    return ApiClient(client)
+
+
+def ask(api: ApiClient, conv: int | None = None):
+    if conv is None:
+        conv = api.post("/api/conversations", json={}).get_json()["id"]
+    return api.post(f"/api/conversations/{conv}/messages", json={"content": "How do I cook rice?", "stream": False})
+
+
+def assert_limited(resp, text: str) -> int:
+    assert resp.status_code == 429, resp.get_data(as_text=True)
+    assert resp.is_json and set(resp.get_json()) == {"error"}
+    assert text in resp.get_json()["error"] and "Try again in" in resp.get_json()["error"]
+    retry_after = int(resp.headers["Retry-After"])
+    assert 0 < retry_after <= 60
+    return retry_after
+
+
+# ---------------------------------------------------------------------------- headers
+
+def test_security_headers_on_every_kind_of_response(app, client):
+    responses = {
+        "chat page": client.get("/"),
+        "API": client.get("/api/session"),
+        "login page": client.get("/admin/login"),
+        "static file": client.get("/static/js/chat.js"),
+        "API 404": client.get("/api/conversations/999"),
+        "page 404": client.get("/no-such-page"),
+        "CSRF 400": client.post("/api/conversations", json={}),
+        "admin redirect": client.get("/admin/"),
+    }
+    for name, resp in responses.items():
+        assert resp.headers.get("Content-Security-Policy") == CSP, name
+        assert resp.headers.get("X-Content-Type-Options") == "nosniff", name
+        assert resp.headers.get("X-Frame-Options") == "DENY", name
+        assert resp.headers.get("Referrer-Policy") == "same-origin", name
+    assert "unsafe-inline" not in CSP and "unsafe-eval" not in CSP
+
+
+INLINE = [(re.compile(r"<script(?![^>]*\bsrc=)[^>]*>", re.I), "inline <script>"),
+          (re.compile(r"<style", re.I), "<style> element"),
+          (re.compile(r"\sstyle\s*=", re.I), "style attribute"),
+          (re.compile(r"\son[a-z]+\s*=", re.I), "inline event handler"),
+          (re.compile(r"javascript:", re.I), "javascript: URL")]
+
+
+def test_pages_have_nothing_the_csp_would_block(app, client):
+    """Every server-rendered page: no inline scripts, styles or handlers (the browser tests also
+    fail on any CSP violation the console reports)."""
+    with app.app_context():
+        set_admin_password("root", PASSWORD)
+    pages = {"/": client.get("/"), "/admin/login": client.get("/admin/login"), "404": client.get("/nope")}
+    token = re.search(r'name="csrf_token" value="([^"]+)"', pages["/admin/login"].get_data(as_text=True)).group(1)
+    assert client.post("/admin/login", data={"username": "root", "password": PASSWORD,
+                                             "csrf_token": token}).status_code == 302
+    for url in ("/admin/", "/admin/experiments", "/admin/runs", "/admin/versions", "/admin/feedback"):
+        pages[url] = client.get(url)
+    for url, resp in pages.items():
+        html = resp.get_data(as_text=True)
+        assert "<html" in html, url
+        for pattern, what in INLINE:
+            assert not pattern.search(html), f"{url}: {what}: {pattern.search(html).group(0)!r}"
+
+
+# ---------------------------------------------------------------------------- cookie
+
+def session_cookie(client) -> str:
+    return client.get("/api/session").headers["Set-Cookie"]
+
+
+def test_session_cookie_is_httponly_lax_and_not_secure_by_default(client):
+    cookie = session_cookie(client)
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
+    assert "Secure" not in cookie  # the default run is plain http on localhost
+
+
+def test_session_cookie_is_secure_when_configured(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_COOKIE_SECURE", "1")
+    app = make_app(tmp_path / "instance")
+    cookie = session_cookie(app.test_client())
+    assert "Secure" in cookie and "HttpOnly" in cookie and "SameSite=Lax" in cookie
+    # ... the admin's login too (it is the same session cookie)
+    client = app.test_client()
+    with app.app_context():
+        set_admin_password("root", PASSWORD)
+    token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/admin/login").get_data(as_text=True)).group(1)
+    resp = client.post("/admin/login", data={"username": "root", "password": PASSWORD, "csrf_token": token})
+    assert resp.status_code == 302 and "Secure" in resp.headers["Set-Cookie"] and "HttpOnly" in resp.headers["Set-Cookie"]
+    with app.app_context():
+        db.engine.dispose()
+
+
+# ---------------------------------------------------------------------------- rate limits: chat
+
+def test_chat_limit_per_user_counts_messages_regenerate_and_compare(limited_app):
+    app = limited_app(RLHF_CHAT_RATE_LIMIT="3 per minute")
+    alice = user(app)
+    conv = alice.post("/api/conversations", json={}).get_json()["id"]
+    first = ask(alice, conv)
+    assert first.status_code == 201
+    answer = first.get_json()["assistant_message"]["id"]
+    assert alice.post(f"/api/messages/{answer}/regenerate", json={"stream": False}).status_code == 201
+    assert alice.post(f"/api/conversations/{conv}/compare", json={"content": "Hi"}).status_code == 201
+    with app.app_context():
+        stored = db.session.scalar(db.select(db.func.count(Message.id)))
+    assert_limited(ask(alice, conv), "Too many messages from you")
+    assert_limited(alice.post(f"/api/messages/{answer}/regenerate", json={"stream": False}), "messages from you")
+    assert_limited(alice.post(f"/api/conversations/{conv}/compare", json={"content": "Hi"}), "messages from you")
+    assert_limited(alice.post(f"/api/conversations/{conv}/messages", json={"content": "Hi"}), "messages from you")
+    with app.app_context():  # a refused request writes nothing
+        assert db.session.scalar(db.select(db.func.count(Message.id))) == stored
+    # another user behind the same address is not affected; feedback has its own budget
+    assert ask(user(app)).status_code == 201
+    assert alice.post(f"/api/messages/{answer}/feedback", json={"thumb": "up"}).status_code == 200
+
+
+def test_chat_limit_per_address(limited_app):
+    app = limited_app(RLHF_CHAT_RATE_LIMIT_PER_ADDRESS="3 per minute")
+    for _ in range(3):
+        assert ask(user(app, "10.0.0.1")).status_code == 201
+    late = user(app, "10.0.0.1")  # a fresh cookie does not get around it
+    assert_limited(ask(late), "Too many messages from your network address")
+    assert ask(user(app, "10.0.0.2")).status_code == 201  # another address is not affected
+
+
+def test_streamed_message_is_limited_before_streaming(limited_app):
+    app = limited_app(RLHF_CHAT_RATE_LIMIT="1 per minute")
+    alice = user(app)
+    conv = alice.post("/api/conversations", json={}).get_json()["id"]
+    assert alice.post(f"/api/conversations/{conv}/messages", json={"content": "Hi"}).mimetype == "text/event-stream"
+    assert_limited(alice.post(f"/api/conversations/{conv}/messages", json={"content": "Hi"}), "messages from you")
+
+
+# ---------------------------------------------------------------------------- rate limits: feedback
+
+def test_feedback_limit_per_user_counts_feedback_and_votes(limited_app):
+    app = limited_app(RLHF_FEEDBACK_RATE_LIMIT="3 per minute")
+    alice = user(app)
+    conv = alice.post("/api/conversations", json={}).get_json()["id"]
+    pair = alice.post(f"/api/conversations/{conv}/compare", json={"content": "Hi"}).get_json()
+    answer = pair["a"]["id"]
+    assert alice.post(f"/api/messages/{answer}/feedback", json={"thumb": "up"}).status_code == 200
+    assert alice.post(f"/api/messages/{answer}/feedback", json={"rating": 4}).status_code == 200
+    assert alice.post(f"/api/pairs/{pair['pair_id']}/vote", json={"winner": "a"}).status_code == 200
+    assert_limited(alice.post(f"/api/messages/{answer}/feedback", json={"rating": 5}), "Too many feedback requests")
+    assert_limited(alice.post(f"/api/pairs/{pair['pair_id']}/vote", json={"winner": "b"}), "feedback requests from you")
+    got = alice.get(f"/api/conversations/{conv}").get_json()
+    assert got["comparisons"][0]["winner"] == "a"  # the refused vote changed nothing
+    assert next(m for m in got["messages"] if m["id"] == answer)["feedback"]["rating"] == 4
+    # another user on the same address can still rate
+    bob = user(app)
+    bob_answer = ask(bob).get_json()["assistant_message"]["id"]
+    assert bob.post(f"/api/messages/{bob_answer}/feedback", json={"thumb": "down"}).status_code == 200
+
+
+def test_feedback_limit_per_address(limited_app):
+    app = limited_app(RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS="2 per minute")
+    rated = []
+    for address in ("10.0.0.1", "10.0.0.1", "10.0.0.1", "10.0.0.2"):
+        api = user(app, address)
+        answer = ask(api).get_json()["assistant_message"]["id"]
+        rated.append(api.post(f"/api/messages/{answer}/feedback", json={"thumb": "up"}))
+    assert [r.status_code for r in rated] == [200, 200, 429, 200]
+    assert_limited(rated[2], "Too many feedback requests from your network address")
+
+
+def test_limit_resets_after_its_window(limited_app):
+    app = limited_app(RLHF_FEEDBACK_RATE_LIMIT="2 per 2 seconds")
+    alice = user(app)
+    answer = ask(alice).get_json()["assistant_message"]["id"]
+    for thumb in ("up", "down"):
+        assert alice.post(f"/api/messages/{answer}/feedback", json={"thumb": thumb}).status_code == 200
+    refused = alice.post(f"/api/messages/{answer}/feedback", json={"thumb": "up"})
+    retry_after = assert_limited(refused, "feedback requests from you")
+    assert retry_after <= 2
+    time.sleep(retry_after + 1.1)
+    assert alice.post(f"/api/messages/{answer}/feedback", json={"thumb": "up"}).status_code == 200
+
+
+# ---------------------------------------------------------------------------- rate limits: login
+
+def login(app, username: str, address: str, password: str = "wrong password"):
+    client = app.test_client()
+    client.environ_base["REMOTE_ADDR"] = address
+    token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/admin/login").get_data(as_text=True)).group(1)
+    return client.post("/admin/login", data={"username": username, "password": password, "csrf_token": token})
+
+
+def assert_limited_page(resp, text: str) -> None:
+    assert resp.status_code == 429 and resp.mimetype == "text/html"
+    html = resp.get_data(as_text=True)
+    assert "429 Too Many Requests" in html and text in html and "Try again in" in html
+    assert 0 < int(resp.headers["Retry-After"]) <= 60
+
+
+def test_login_limit_per_address_is_a_readable_page(limited_app):
+    app = limited_app(RLHF_LOGIN_RATE_LIMIT="3 per minute")
+    codes = [login(app, f"guess{i}", "10.0.0.1").status_code for i in range(3)]
+    assert codes == [401, 401, 401]
+    assert_limited_page(login(app, "someone", "10.0.0.1"), "Too many login attempts from your network address")
+    assert_limited_page(login(app, "root", "10.0.0.1", PASSWORD), "Too many login attempts")  # even the right one
+    assert login(app, "root", "10.0.0.2", PASSWORD).status_code == 302
+
+
+def test_login_limit_per_username_across_addresses(limited_app):
+    app = limited_app(RLHF_LOGIN_RATE_LIMIT="3 per minute")
+    codes = [login(app, "root", f"10.0.1.{i}").status_code for i in range(3)]
+    assert codes == [401, 401, 401]
+    assert_limited_page(login(app, "ROOT", "10.0.1.9", PASSWORD), "Too many login attempts for this username")
+    assert login(app, "other", "10.0.1.9").status_code == 401  # other usernames from that address still try
+
+
+# ---------------------------------------------------------------------------- configuration
+
+def test_default_limits_leave_room_for_many_users_behind_one_address():
+    from limits import parse_many
+
+    from webapp.config import DEFAULTS
+
+    def per_minute(key):
+        return min(item.amount * 60 / item.get_expiry() for item in parse_many(DEFAULTS[key]))
+    assert per_minute("RLHF_CHAT_RATE_LIMIT_PER_ADDRESS") >= 10 * per_minute("RLHF_CHAT_RATE_LIMIT")
+    assert per_minute("RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS") >= 10 * per_minute("RLHF_FEEDBACK_RATE_LIMIT")
+    assert DEFAULTS["RATELIMIT_ENABLED"] is True
+
+
+def test_limits_come_from_the_environment_and_bad_values_name_the_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_CHAT_RATE_LIMIT", "5 per minute; 100 per day")
+    assert make_app(tmp_path / "a").config["RLHF_CHAT_RATE_LIMIT"] == "5 per minute; 100 per day"
+    monkeypatch.setenv("RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS", "lots")
+    with pytest.raises(ConfigError, match="RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS='lots' is not a rate limit"):
+        make_app(tmp_path / "b")
+
+
+def test_limits_can_be_switched_off(limited_app, monkeypatch):
+    monkeypatch.setenv("RLHF_RATELIMIT_ENABLED", "0")
+    app = limited_app(RLHF_FEEDBACK_RATE_LIMIT="1 per minute")
+    alice = user(app)
+    answer = ask(alice).get_json()["assistant_message"]["id"]
+    assert [alice.post(f"/api/messages/{answer}/feedback", json={"rating": r}).status_code
+            for r in (1, 2, 3)] == [200, 200, 200]
