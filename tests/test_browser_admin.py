@@ -7,6 +7,7 @@ import pytest
 import requests
 
 from rlhf.corpus import sample_prompts
+from tests.browser_checks import XSS, XSS_PAYLOADS, assert_nothing_injected, watch_csp, watch_dialogs
 from tests.conftest import make_app, register_model
 from tests.live_server import LiveServer
 from webapp.admin_auth import set_admin_password
@@ -14,7 +15,6 @@ from webapp.extensions import db
 from webapp.models import Experiment, ModelVersion
 
 pytestmark = pytest.mark.browser
-XSS = '<img src=x onerror="window.__xss=1">'
 
 
 def traffic(url: str, users: int, seed: int = 0) -> None:
@@ -59,6 +59,7 @@ def test_admin_reads_experiment_promotes_and_rolls_back(browser, admin_server):
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("dialog", lambda d: d.accept())
+    csp_violations = watch_csp(page)
 
     page.goto(url + "/admin/experiments/ppo-vs-base")
     assert "/admin/login" in page.url  # behind login
@@ -109,3 +110,57 @@ def test_admin_reads_experiment_promotes_and_rolls_back(browser, admin_server):
     assert "rollback v2-ppo" in history and "experiment conclude ppo-vs-base" in history
     context.close()
     assert errors == []
+    assert csp_violations == [], csp_violations
+
+
+def hostile_user(url: str) -> None:
+    """A user whose question, correction, comment and conversation title are all markup."""
+    s = requests.Session()
+    h = {"X-CSRFToken": s.get(url + "/api/session").json()["csrf_token"]}
+    conv = s.post(url + "/api/conversations", json={"title": XSS}, headers=h).json()["id"]
+    answer = s.post(f"{url}/api/conversations/{conv}/messages", json={"content": XSS, "stream": False},
+                    headers=h).json()["assistant_message"]["id"]
+    resp = s.post(f"{url}/api/messages/{answer}/feedback", headers=h,
+                  json={"thumb": "down", "rating": 1, "correction": XSS, "comment": XSS})
+    assert resp.status_code == 200, resp.text
+
+
+def test_hostile_user_text_is_literal_text_on_every_admin_page(browser, admin_server):
+    url = admin_server.url
+    hostile_user(url)
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    csp_violations = watch_csp(page)
+    dialogs = watch_dialogs(page)
+    page.goto(url + "/admin/login")
+    page.fill("input[name=username]", "root")
+    page.fill("input[name=password]", "correct horse")
+    page.click("button[type=submit]")
+    page.wait_for_selector("[data-testid=active-version]")
+
+    # the feedback browser shows the question, the correction and the comment as typed
+    page.goto(url + "/admin/feedback?has_correction=1&thumb=down&rating=1")
+    rows = [r for r in page.locator(".feedback-table tbody tr").all() if r.locator("td").first.inner_text() == XSS]
+    assert len(rows) == 1  # the question, as typed
+    assert rows[0].locator(".correction-text").inner_text() == XSS
+    assert rows[0].locator("td").nth(5).inner_text().split("\n") == [XSS, XSS]  # the correction, then the comment
+    assert_nothing_injected(page, dialogs, "feedback browser")
+
+    # text typed into the filters comes back as text too (reflected)
+    page.goto(url + "/admin/feedback?q=" + requests.utils.quote(XSS_PAYLOADS[2]))
+    assert page.input_value("input[name=q]") == XSS_PAYLOADS[2]
+    assert_nothing_injected(page, dialogs, "feedback search")
+    page.goto(url + "/admin/feedback?" + requests.utils.quote(XSS_PAYLOADS[0]) + "=1")
+    assert XSS_PAYLOADS[0] in page.locator("main").inner_text()  # "Unknown filter(s): <img ...>"
+    assert_nothing_injected(page, dialogs, "error page")
+
+    # every other admin page renders with that data in the database
+    for path in ("/admin/", "/admin/experiments", "/admin/experiment", "/admin/runs", "/admin/versions"):
+        page.goto(url + path)
+        page.wait_for_selector("main")
+        assert_nothing_injected(page, dialogs, path)
+    context.close()
+    assert errors == []
+    assert csp_violations == [], csp_violations

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from tests.browser_checks import XSS, assert_nothing_injected, watch_csp, watch_dialogs
 from tests.conftest import make_app, register_model
 from tests.live_server import LiveServer
 from webapp.extensions import db
@@ -28,11 +29,13 @@ def page(browser, chat_server):
     pg = context.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
+    csp_violations = watch_csp(pg)
     pg.goto(chat_server[0].url + "/")
     pg.wait_for_selector("body.ready")
     yield pg
     context.close()
     assert errors == [], errors
+    assert csp_violations == [], csp_violations
 
 
 def db_app(instance):
@@ -44,9 +47,17 @@ def send(page, text):
     page.keyboard.press("Enter")
 
 
+# Waits go through locators: page.wait_for_function evaluates its string with eval() in the
+# page, which the Content-Security-Policy (no 'unsafe-eval') rightly refuses.
 def wait_for_answers(page, n):
-    page.wait_for_function(f"document.querySelectorAll('.assistant-message:not(.pending) .thumb-up').length >= {n}"
-                           " && !document.querySelector('.streaming')")
+    page.locator(".assistant-message:not(.pending) .thumb-up").nth(n - 1).wait_for()
+    page.locator(".streaming").first.wait_for(state="detached")
+
+
+def wait_for_count(page, selector, n):
+    from playwright.sync_api import expect
+
+    expect(page.locator(selector)).to_have_count(n, timeout=30_000)
 
 
 def test_full_chat_flow_persists_across_reload(page, chat_server):
@@ -118,7 +129,7 @@ def test_full_chat_flow_persists_across_reload(page, chat_server):
     assert first.locator(".star.on").count() == 4
     assert page.locator(".assistant-message").count() == 1  # this branch has no follow-up yet
     first.locator(".sibling-next").click()
-    page.wait_for_function("document.querySelectorAll('.assistant-message').length === 2")
+    wait_for_count(page, ".assistant-message", 2)
     assert page.locator(".assistant-message .content").last.inner_text() == answer_b
     assert "your pick" in page.locator(".sibling-pos").last.inner_text()
 
@@ -155,20 +166,43 @@ def test_thumbs_down_offers_negative_reasons_and_can_be_undone(page):
 
 
 def test_xss_payloads_render_as_text(page):
-    payload = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
-    send(page, payload)
+    """A message, a correction, a feedback comment and a conversation title full of markup show
+    as literal text. (The admin pages that show them: tests/test_browser_admin.py.)"""
+    dialogs = watch_dialogs(page)
+    send(page, XSS)
     wait_for_answers(page, 1)
-    assert page.locator(".user-message .bubble").first.inner_text() == payload
-    assert page.locator(".conversation-link").first.inner_text() == payload[:57].rstrip() + "..."
+    assert page.locator(".user-message .bubble").first.inner_text() == XSS
+    assert page.locator(".conversation-link").first.inner_text() == XSS[:57].rstrip() + "..."
     page.click(".assistant-message .correct")
-    page.fill(".correction-input", payload)
+    page.fill(".correction-input", XSS)
     page.click(".save-correction")
     page.wait_for_selector(".correction-view:not([hidden])")
-    assert page.locator(".correction-text").inner_text() == payload
+    assert page.locator(".correction-text").inner_text() == XSS
+    page.click(".assistant-message .comment-toggle")
+    page.fill(".feedback-panel .comment-input", XSS)
+    page.click(".save-feedback")
+    page.wait_for_selector(".comment-toggle:text('Comment \u2713')")
+    renamed = page.evaluate("""async (title) => {
+        const csrf = (await (await fetch('/api/session')).json()).csrf_token;
+        const conv = (await (await fetch('/api/conversations')).json()).conversations[0];
+        const r = await fetch(`/api/conversations/${conv.id}`, {method: 'PATCH', body: JSON.stringify({title}),
+            headers: {'Content-Type': 'application/json', 'X-CSRFToken': csrf}});
+        return (await r.json()).title;
+    }""", XSS)
+    assert renamed == XSS
+    assert_nothing_injected(page, dialogs)
+
     page.reload()
     page.wait_for_selector(".assistant-message")
-    assert page.evaluate("window.__xss") is None
-    assert page.locator("img[src='x']").count() == 0
+    assert page.locator(".user-message .bubble").first.inner_text() == XSS
+    assert page.locator(".correction-text").inner_text() == XSS
+    assert page.locator(".conversation-link").first.inner_text() == XSS
+    page.locator(".conversation-link").first.click()
+    page.wait_for_selector(".assistant-message")
+    assert page.locator("#chat-title").inner_text() == XSS
+    page.click(".assistant-message .comment-toggle")
+    assert page.input_value(".feedback-panel .comment-input") == XSS
+    assert_nothing_injected(page, dialogs)
 
 
 def test_conversations_switch_and_delete(page):
@@ -178,7 +212,7 @@ def test_conversations_switch_and_delete(page):
     page.wait_for_selector(".welcome")
     send(page, "How can I sing better?")
     wait_for_answers(page, 1)
-    page.wait_for_function("document.querySelectorAll('.conversation-item').length === 2")
+    wait_for_count(page, ".conversation-item", 2)
     links = page.locator(".conversation-link")
     assert links.all_inner_texts()[:2] == ["How can I sing better?", "How do I train my dog?"]
     links.nth(1).click()
@@ -186,7 +220,7 @@ def test_conversations_switch_and_delete(page):
     page.on("dialog", lambda d: d.accept())
     page.locator(".conversation-item").nth(1).hover()
     page.locator(".conversation-item").nth(1).locator(".delete-conversation").click()
-    page.wait_for_function("document.querySelectorAll('.conversation-item').length === 1")
+    wait_for_count(page, ".conversation-item", 1)
     page.reload()
     page.wait_for_selector(".conversation-item")
     assert page.locator(".conversation-link").all_inner_texts() == ["How can I sing better?"]

@@ -1,0 +1,33 @@
+"""Shared checks of the browser tests: CSP violations and injected markup."""
+from __future__ import annotations
+
+# Chromium prints every CSP violation to the console ("Refused to ... because it violates the
+# following Content Security Policy directive"); the listener reports the DOM event as well.
+CSP_LISTENER = """document.addEventListener("securitypolicyviolation", (e) => console.error(
+    `Content Security Policy violation: ${e.violatedDirective} blocked ${e.blockedURI || "inline code"}`));"""
+
+XSS_PAYLOADS = ['<img src=x onerror="window.__xss=1;alert(1)">', '<script>window.__xss=2;alert(2)</script>',
+                '"><svg onload="window.__xss=3;alert(3)">']
+XSS = " ".join(XSS_PAYLOADS)
+
+
+def watch_csp(page) -> list[str]:
+    """Collects the CSP violations of ``page`` (call before its first navigation)."""
+    violations: list[str] = []
+    page.add_init_script(CSP_LISTENER)
+    page.on("console", lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None)
+    return violations
+
+
+def watch_dialogs(page) -> list[str]:
+    """Records (and dismisses) every alert/confirm/prompt of ``page``."""
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    return dialogs
+
+
+def assert_nothing_injected(page, dialogs: list[str], where: str = "") -> None:
+    assert dialogs == [], where
+    assert page.evaluate("window.__xss") is None, where
+    injected = page.locator("img[src='x'], svg[onload], body script")
+    assert injected.count() == 0, f"{where}: {injected.first.evaluate('e => e.outerHTML')}"
