@@ -101,10 +101,55 @@ def register_model(app, model_dir: Path, name: str = "v1-base", status: str = "a
         return version.id
 
 
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throwaway PostgreSQL server for the whole session (see tests/postgres.py); skipped
+    where PostgreSQL is not installed, a failure instead with RLHF_REQUIRE_POSTGRES=1 (CI)."""
+    from tests.postgres import PostgresUnavailable, required, start_server
+
+    try:
+        server = start_server()
+    except PostgresUnavailable as exc:
+        if required():
+            pytest.fail(f"PostgreSQL is required (RLHF_REQUIRE_POSTGRES=1) but unusable: {exc}")
+        pytest.skip(f"PostgreSQL unavailable: {exc}")
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def app(tmp_path, micro_model_dir):
+def postgres_url(postgres_server) -> str:
+    """The SQLAlchemy URL of a new, empty PostgreSQL database."""
+    return postgres_server.create_database()
+
+
+DATABASES = ("sqlite", "postgresql")
+
+
+def database_url_for(request, backend: str) -> str | None:
+    """The URL for ``backend``: None (SQLite in the instance folder) or a new PostgreSQL database.
+
+    A test module runs its data-layer tests on both databases by overriding ``database_url``::
+
+        @pytest.fixture(params=DATABASES)
+        def database_url(request):
+            return database_url_for(request, request.param)
+    """
+    return request.getfixturevalue("postgres_url") if backend == "postgresql" else None
+
+
+@pytest.fixture
+def database_url(request) -> str | None:
+    """The database of the ``app`` fixture: SQLite in the instance folder (None), or PostgreSQL
+    for every test that uses ``app`` with ``RLHF_TEST_DATABASE=postgresql``."""
+    return database_url_for(request, os.environ.get("RLHF_TEST_DATABASE", "sqlite"))
+
+
+@pytest.fixture
+def app(tmp_path, micro_model_dir, database_url):
     """An app on a fresh instance folder whose active version is the micro model."""
-    application = make_app(tmp_path / "instance")
+    overrides = {"SQLALCHEMY_DATABASE_URI": database_url} if database_url else {}
+    application = make_app(tmp_path / "instance", **overrides)
     register_model(application, micro_model_dir)
     yield application
     from webapp.extensions import db

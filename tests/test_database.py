@@ -1,4 +1,7 @@
-"""Schema creation, SQLite settings and a round trip through every table."""
+"""Schema creation, SQLite settings and a round trip through every table.
+
+Every data-layer test runs on SQLite and on a real PostgreSQL server (tests/postgres.py;
+skipped where PostgreSQL is not installed, required in CI), which proves the DATABASE_URL path."""
 from __future__ import annotations
 
 from datetime import datetime
@@ -11,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 from webapp import create_app
 from webapp.extensions import db
+from tests.conftest import DATABASES, ApiClient, database_url_for
 from webapp.models import (Assignment, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion,
                            TrainingRun, User)
 
@@ -18,17 +22,30 @@ TABLES = {"users", "conversations", "messages", "feedback", "comparisons", "mode
           "assignments", "training_runs", "answer_scores", "audit_events"}
 
 
-def _cli(tmp_path, monkeypatch):
+@pytest.fixture(params=DATABASES)
+def database_url(request):
+    """Overrides conftest's: each test of this module runs on SQLite and on PostgreSQL."""
+    return database_url_for(request, request.param)
+
+
+only_sqlite = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+only_postgres = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+
+
+def _cli(tmp_path, monkeypatch, database_url=None):
     monkeypatch.setenv("RLHF_INSTANCE_DIR", str(tmp_path))
+    if database_url:  # the deployment path: the URL comes from the environment
+        monkeypatch.setenv("DATABASE_URL", database_url)
     return lambda *args: CliRunner().invoke(FlaskGroup(create_app=lambda: create_app()), list(args))
 
 
-def test_init_db_is_idempotent(tmp_path, monkeypatch):
-    run = _cli(tmp_path, monkeypatch)
+def test_init_db_is_idempotent(tmp_path, monkeypatch, database_url):
+    run = _cli(tmp_path, monkeypatch, database_url)
     first = run("init-db")
     assert first.exit_code == 0, first.output
     app = create_app({"INSTANCE_DIR": str(tmp_path)})
     with app.app_context():
+        assert db.engine.dialect.name == ("postgresql" if database_url else "sqlite")
         assert TABLES <= set(inspect(db.engine).get_table_names())
         db.session.add(User(anon_id="keep-me"))
         db.session.commit()
@@ -39,16 +56,18 @@ def test_init_db_is_idempotent(tmp_path, monkeypatch):
         assert db.session.scalars(db.select(User).filter_by(anon_id="keep-me")).one()
 
 
-def test_create_schema_reports_created_tables(tmp_path):
+def test_create_schema_reports_created_tables(tmp_path, database_url):
     from webapp.database import create_schema
 
-    app = create_app({"INSTANCE_DIR": str(tmp_path)})
+    app = create_app({"INSTANCE_DIR": str(tmp_path),
+                      **({"SQLALCHEMY_DATABASE_URI": database_url} if database_url else {})})
     with app.app_context():
         db.drop_all()
         assert set(create_schema()) == TABLES
         assert create_schema() == []
 
 
+@only_sqlite
 def test_sqlite_runs_in_wal_mode_with_busy_timeout(app):
     with app.app_context():
         with db.engine.connect() as conn:
@@ -183,3 +202,62 @@ def test_foreign_keys_enforced(app):
         db.session.add(Message(conversation_id=999, role="user", content="orphan"))
         with pytest.raises(IntegrityError):
             db.session.commit()
+
+
+def test_ids_are_64_bit(app):
+    """SQLite ids are 64-bit; on PostgreSQL they are BIGINT too, so an id past 2**31 (stored or
+    merely asked for) works instead of failing inside the driver with "integer out of range"."""
+    big = 2**40
+    with app.app_context():
+        db.session.add(User(id=big, anon_id="big"))
+        db.session.add(Conversation(id=big + 1, user_id=big))
+        db.session.add(Message(id=2**62, conversation_id=big + 1, role="assistant", content="hi"))
+        db.session.flush()
+        db.session.add(Feedback(user_id=big, message_id=2**62, thumb="up"))
+        db.session.commit()
+    with app.app_context():
+        msg = db.session.get(Message, 2**62)
+        assert msg.conversation.user.anon_id == "big"
+        assert db.session.scalars(db.select(Feedback).filter_by(message_id=2**62)).one().user_id == big
+    api = ApiClient(app.test_client())
+    assert api.get(f"/api/conversations/{2**40 + 7}").status_code == 404
+    assert api.post(f"/api/messages/{2**63 - 1}/feedback", json={"thumb": "up"}).status_code == 404
+
+
+def test_values_the_database_refuses_are_a_client_error(app):
+    """PostgreSQL refuses NUL characters in text that SQLite stores: a 4xx, never a 500."""
+    client = app.test_client()
+    csrf = client.get("/api/session").get_json()["csrf_token"]
+    resp = client.post("/admin/login", data={"username": "root\x00", "password": "x", "csrf_token": csrf})
+    assert resp.status_code < 500 and b"Internal error" not in resp.data
+    with app.app_context():  # the failed statement left the connection usable
+        assert db.session.scalars(db.select(ModelVersion)).one().status == "active"
+
+
+@only_postgres
+def test_postgres_gets_no_sqlite_settings_and_checks_pooled_connections(app):
+    with app.app_context():
+        assert db.engine.dialect.name == "postgresql"
+        assert db.engine.pool._pre_ping  # a connection is tested before use (server restarts)
+        with db.engine.connect() as conn:
+            assert conn.execute(text("SHOW server_version")).scalar()
+
+
+@only_postgres
+def test_app_survives_a_postgres_restart(app, postgres_server):
+    """The pooled connections die with the server; the next requests must not fail."""
+    api = ApiClient(app.test_client())
+    before = api.post("/api/conversations", json={"title": "before"})
+    assert before.status_code == 201
+    assert api.get("/api/conversations").status_code == 200  # the pool now holds live connections
+
+    postgres_server.restart()
+
+    listed = api.get("/api/conversations")
+    assert listed.status_code == 200, listed.get_data(as_text=True)
+    assert [c["title"] for c in listed.get_json()["conversations"]] == ["before"]
+    after = api.post("/api/conversations", json={"title": "after"})
+    assert after.status_code == 201, after.get_data(as_text=True)
+    assert api.get("/api/session").get_json()["user_id"] == api.user_id
+    with app.app_context():
+        assert sorted(db.session.scalars(db.select(Conversation.title))) == ["after", "before"]

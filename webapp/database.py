@@ -1,7 +1,9 @@
 """Engine set-up and schema creation.
 
 SQLite gets WAL mode (readers never block the writer), a busy timeout (a writer waits for the
-lock instead of failing with "database is locked") and enforced foreign keys.
+lock instead of failing with "database is locked") and enforced foreign keys. Server databases
+(PostgreSQL, ...) get ``pool_pre_ping``: a pooled connection is tested before it is handed out,
+so the app keeps working after the database server restarts.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ def _sqlite_pragmas(busy_timeout_ms: int):
 
 def init_database(app: Flask) -> None:
     """Bind the extension and install per-connection settings (no schema changes)."""
+    app.config["SQLALCHEMY_ENGINE_OPTIONS"] = engine_options(app.config)
     db.init_app(app)
     with app.app_context():
         engine: Engine = db.engine

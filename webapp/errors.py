@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flask import Flask, jsonify, make_response, render_template_string, request
 from flask_wtf.csrf import CSRFError
+from sqlalchemy.exc import DataError
 from werkzeug.exceptions import HTTPException
 
 _PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{{ code }} {{ name }}</title>
@@ -37,6 +38,19 @@ def init_app(app: Flask) -> None:
             if key.lower() != "content-type":
                 response.headers[key] = value
         return response
+
+    @app.errorhandler(DataError)
+    def data_error(exc: DataError):
+        # A value the database cannot take, which SQLite stores without complaint but PostgreSQL
+        # refuses: a NUL character in a text (login name, search term), a number beyond the
+        # column's range. The request's input is at fault, not the server.
+        from .extensions import db
+
+        db.session.rollback()
+        reason = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0]
+        app.logger.warning("database refused a value on %s %s: %s", request.method, request.path, reason)
+        return error_response(400, "A value in the request cannot be stored or searched for "
+                                   "(for example a NUL character or a number out of range).", "Bad Request")
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception):

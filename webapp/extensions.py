@@ -6,11 +6,16 @@ from flask_limiter.util import get_remote_address
 from flask_login import LoginManager
 from flask_sqlalchemy import SQLAlchemy
 from flask_wtf.csrf import CSRFProtect
+from sqlalchemy import BigInteger, Integer
 from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.orm import registry as make_registry
 
 
 class Base(DeclarativeBase):
-    pass
+    # Ids (and every other ``Mapped[int]``) are 64-bit on every database, as SQLite's INTEGER
+    # is: BIGINT elsewhere (PostgreSQL's INTEGER stops at 2**31-1, and a lookup of a larger id
+    # fails inside the driver), INTEGER on SQLite so that the primary key stays the rowid.
+    registry = make_registry(type_annotation_map={int: BigInteger().with_variant(Integer(), "sqlite")})
 
 
 db = SQLAlchemy(model_class=Base)

@@ -131,7 +131,10 @@ class ModelVersion(db.Model):
     parent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("model_versions.id"))
     kind: Mapped[str] = mapped_column(String(32))  # base / ppo / dpo / kto / rloo / reward
     status: Mapped[str] = mapped_column(String(16), default="candidate", index=True)
-    training_run_id: Mapped[Optional[int]] = mapped_column(ForeignKey("training_runs.id", use_alter=True))
+    # A cycle with training_runs.version_id, so created by ALTER TABLE; the name (PostgreSQL's default
+    # for it) lets drop_all drop it first.
+    training_run_id: Mapped[Optional[int]] = mapped_column(
+        ForeignKey("training_runs.id", use_alter=True, name="model_versions_training_run_id_fkey"))
     metrics: Mapped[dict] = mapped_column(JSON, default=dict)
     config: Mapped[dict] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
