@@ -34,10 +34,12 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     from .api import admin as admin_api
     from .api import chat as chat_api
     from .api import session as session_api
+    from .validation import IdConverter
 
     auth.init_app(app)
     errors.init_app(app)
     security.init_app(app)
+    app.url_map.converters["int"] = IdConverter  # before any route is added
     for blueprint in (session_api.bp, chat_api.bp, pages.bp, admin_auth.bp, admin_pages.bp, admin_api.bp):
         app.register_blueprint(blueprint)
     cli.init_app(app)

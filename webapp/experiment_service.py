@@ -23,6 +23,7 @@ from .bootstrap import active_version
 from .experiments import running_experiment
 from .extensions import db
 from .models import Experiment, ModelVersion, utcnow
+from .validation import MAX_ID, clip
 
 KEY_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 DECISIONS = ("promote", "keep_control")
@@ -31,7 +32,7 @@ DECISIONS = ("promote", "keep_control")
 def get_version(version_id: Any) -> ModelVersion:
     if isinstance(version_id, bool) or not isinstance(version_id, int):
         raise BadRequest("version ids must be integers")
-    version = db.session.get(ModelVersion, version_id)
+    version = db.session.get(ModelVersion, version_id) if 1 <= version_id <= MAX_ID else None
     if version is None:
         raise NotFound(f"Model version {version_id} not found.")
     return version
@@ -40,7 +41,7 @@ def get_version(version_id: Any) -> ModelVersion:
 def get_experiment(key: str) -> Experiment:
     exp = db.session.scalars(db.select(Experiment).filter_by(key=key)).first()
     if exp is None:
-        raise NotFound(f"Experiment {key!r} not found.")
+        raise NotFound(f"Experiment {clip(key)!r} not found.")
     return exp
 
 

@@ -5,6 +5,7 @@ from typing import Any
 
 from flask import current_app, request
 from werkzeug.exceptions import BadRequest
+from werkzeug.routing import IntegerConverter
 
 # Reason chips offered in the UI; stored as given so reports can count them.
 REASONS_UP = ("helpful", "polite", "concise", "accurate", "on-topic")
@@ -12,11 +13,29 @@ REASONS_DOWN = ("rude", "off-topic", "too long", "too short", "wrong", "unhelpfu
 REASONS = REASONS_UP + REASONS_DOWN
 MAX_COMMENT_CHARS = 2000
 MAX_TITLE_CHARS = 200
+MAX_ID = 2**63 - 1  # the largest id a 64-bit database integer (SQLite INTEGER, BIGINT) can hold
+
+
+class IdConverter(IntegerConverter):
+    """``<int:...>`` in URLs: a number no database id can be (beyond 64 bits) does not match,
+    so it is a plain 404 rather than an overflow inside the database driver."""
+
+    def __init__(self, map, fixed_digits: int = 0, min: int | None = None, max: int | None = MAX_ID,
+                 signed: bool = False) -> None:
+        super().__init__(map, fixed_digits=fixed_digits, min=min, max=max, signed=signed)
+
+
+def clip(text: str, limit: int = 60) -> str:
+    """User input quoted in an error message, cut short so that the message stays readable."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def json_body(allowed: set[str] | None = None, required: bool = True) -> dict[str, Any]:
     """The request's JSON object; rejects non-objects and (when ``allowed``) unknown keys."""
-    data = request.get_json(silent=True)
+    try:
+        data = request.get_json(silent=True)
+    except RecursionError:  # JSON nested deeper than the parser can follow
+        raise BadRequest("Request body is nested too deeply to be a JSON object the API accepts.") from None
     if data is None:
         if not required and not request.get_data():
             return {}
@@ -26,7 +45,8 @@ def json_body(allowed: set[str] | None = None, required: bool = True) -> dict[st
     if allowed is not None:
         unknown = sorted(set(data) - allowed)
         if unknown:
-            raise BadRequest(f"Unknown field(s): {', '.join(unknown)}. Allowed: {', '.join(sorted(allowed))}.")
+            raise BadRequest(f"Unknown field(s): {', '.join(clip(k) for k in unknown[:10])}. "
+                             f"Allowed: {', '.join(sorted(allowed))}.")
     return data
 
 
@@ -43,6 +63,10 @@ def text_field(data: dict, key: str, max_chars: int, required: bool = True, null
         raise BadRequest(f"'{key}' must be a string.")
     if "\x00" in value:
         raise BadRequest(f"'{key}' must not contain NUL characters.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in the JSON): no database can store it
+        raise BadRequest(f"'{key}' must be valid Unicode text (it contains an unpaired surrogate).") from None
     value = value.strip()
     if not value:
         if nullable:
@@ -68,7 +92,7 @@ def optional_id(data: dict, key: str) -> int | None:
     value = data.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ID:
         raise BadRequest(f"'{key}' must be a positive integer id.")
     return value
 
@@ -100,7 +124,7 @@ def feedback_changes(data: dict) -> dict[str, Any]:
             raise BadRequest("'reasons' must be a list of strings.")
         unknown = [r for r in reasons if r not in REASONS]
         if unknown:
-            raise BadRequest(f"Unknown reason(s): {', '.join(map(repr, unknown[:5]))}. "
+            raise BadRequest(f"Unknown reason(s): {', '.join(repr(clip(r)) for r in unknown[:5])}. "
                              f"Choose from: {', '.join(REASONS)}.")
         changes["reasons"] = list(dict.fromkeys(reasons))  # de-duplicated, order kept
     return changes

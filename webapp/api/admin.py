@@ -18,7 +18,7 @@ from ..experiment_service import (conclude_experiment, create_experiment, get_ex
                                   rollback_version, set_split, stop_experiment)
 from ..extensions import db
 from ..models import AuditEvent, Conversation, Experiment, Feedback, Message, ModelVersion, TrainingRun, iso
-from ..validation import bool_field, json_body
+from ..validation import bool_field, clip, json_body
 
 bp = Blueprint("admin_api", __name__, url_prefix="/api/admin")
 
@@ -190,7 +190,7 @@ def feedback_page(args) -> dict:
     """Feedback rows with their answer and question, filtered; 50 per page, newest first."""
     unknown = set(args) - FEEDBACK_FILTERS
     if unknown:
-        raise BadRequest(f"Unknown filter(s): {', '.join(sorted(unknown))}.")
+        raise BadRequest(f"Unknown filter(s): {', '.join(clip(k) for k in sorted(unknown)[:10])}.")
     q = (db.select(Feedback, Message).join(Message, Feedback.message_id == Message.id)
          .join(Conversation, Message.conversation_id == Conversation.id).where(Conversation.deleted_at.is_(None)))
     if args.get("thumb"):
@@ -213,8 +213,9 @@ def feedback_page(args) -> dict:
         like = f"%{args['q'][:200]}%"
         q = q.where(db.or_(Message.content.ilike(like), Feedback.comment.ilike(like), Feedback.correction.ilike(like)))
     page = args.get("page", "1")
-    if not page.isdigit() or int(page) < 1:
-        raise BadRequest("page must be a positive integer.")
+    # ASCII digits only ("²".isdigit() is true), and few enough that the offset fits the database
+    if not (page.isascii() and page.isdigit() and len(page) <= 9) or int(page) < 1:
+        raise BadRequest("page must be a positive integer (at most 999999999).")
     page_n = int(page)
     total = db.session.scalar(db.select(db.func.count()).select_from(q.subquery()))
     rows = db.session.execute(q.order_by(Feedback.updated_at.desc()).limit(50).offset((page_n - 1) * 50)).all()
