@@ -1,0 +1,395 @@
+"""Authorization matrix: every route of ``app.url_map`` x (anonymous, another user, the owner,
+admin), with the expected outcome of each cell written down in ``MATRIX``.
+
+* chat objects (conversations, messages, comparison pairs) belong to one user: everyone else,
+  the admin included, gets 404, exactly as for an object that does not exist (never 403, so
+  ids do not leak);
+* the admin JSON API answers 401 JSON to everyone but a logged-in admin; admin pages redirect
+  everyone else to the login page;
+* a denied request changes nothing in the database.
+
+Every cell runs against fresh objects (a new conversation, version, experiment... created for
+it), so a successful DELETE or promote in one cell cannot change the outcome of another. A
+route that is added to the app without a row here fails ``test_every_route_is_classified``.
+Requests carry the caller's valid CSRF token: what is tested is who may do what, not CSRF.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Callable
+
+import pytest
+import sqlalchemy as sa
+
+from tests.conftest import _ENV_KEYS, make_app, register_model
+
+ROLES = ("anonymous", "other", "owner", "admin")
+ADMIN_PASSWORD = "authz-admin-pass"
+LOGIN = "login"  # expected outcome: a redirect to the admin login page
+_ids = itertools.count(1)
+
+
+def everyone(outcome) -> dict:
+    return {role: outcome for role in ROLES}
+
+
+def owner_only(outcome) -> dict:
+    """Chat objects: only their owner; everyone else (the admin too) sees a 404."""
+    return {"anonymous": 404, "other": 404, "owner": outcome, "admin": 404}
+
+
+def admin_api(outcome) -> dict:
+    return {"anonymous": 401, "other": 401, "owner": 401, "admin": outcome}
+
+
+ADMIN_PAGE = {"anonymous": LOGIN, "other": LOGIN, "owner": LOGIN, "admin": 200}
+
+
+# ---------------------------------------------------------------------------- fresh objects per cell
+
+def chat_objects(world) -> dict:
+    """A conversation of the owner with a question, two answers and a comparison pair."""
+    from webapp.extensions import db
+    from webapp.models import Comparison, Conversation, Message
+
+    with world.app.app_context():
+        conv = Conversation(user_id=world.owner_id, title="owner's secret chat")
+        db.session.add(conv)
+        db.session.flush()
+        question = Message(conversation_id=conv.id, role="user", content="How do I boil rice?")
+        db.session.add(question)
+        db.session.flush()
+        answers = [Message(conversation_id=conv.id, role="assistant", content=f"Answer {i}.", parent_id=question.id,
+                           model_version_id=1) for i in (1, 2)]
+        db.session.add_all(answers)
+        db.session.flush()
+        pair = Comparison(user_id=world.owner_id, prompt_message_id=question.id, message_a_id=answers[0].id,
+                          message_b_id=answers[1].id)
+        db.session.add(pair)
+        db.session.commit()
+        return {"conversation_id": conv.id, "message_id": answers[0].id, "pair_id": pair.id}
+
+
+def _version(world, status: str, parent_id: int | None = None) -> int:
+    from webapp.extensions import db
+    from webapp.models import ModelVersion
+
+    version = ModelVersion(name=f"authz-v{next(_ids)}", path=world.model_path, kind="ppo", status=status,
+                           parent_id=parent_id)
+    db.session.add(version)
+    db.session.flush()
+    return version.id
+
+
+def candidate_version(world) -> dict:
+    from webapp.extensions import db
+
+    with world.app.app_context():
+        vid = _version(world, "candidate")
+        db.session.commit()
+        return {"version_id": vid}
+
+
+def active_version_with_parent(world) -> dict:
+    """An active version whose parent can take over again (what rollback needs)."""
+    from webapp.extensions import db
+    from webapp.models import ModelVersion
+
+    with world.app.app_context():
+        for v in db.session.scalars(db.select(ModelVersion).filter_by(status="active")):
+            v.status = "retired"
+        parent = _version(world, "retired")
+        vid = _version(world, "active", parent_id=parent)
+        db.session.commit()
+        return {"version_id": vid}
+
+
+def draft_experiment(world) -> dict:
+    from webapp.extensions import db
+    from webapp.models import Experiment
+
+    with world.app.app_context():
+        control, variant = _version(world, "retired"), _version(world, "candidate")
+        key = f"authz-exp-{next(_ids)}"
+        db.session.add(Experiment(key=key, control_version_id=control, variant_version_id=variant, status="draft"))
+        db.session.commit()
+        return {"key": key}
+
+
+def new_experiment_body(world) -> dict:
+    with world.app.app_context():
+        from webapp.extensions import db
+
+        variant = _version(world, "candidate")
+        db.session.commit()
+    return {"body": {"key": f"authz-new-{next(_ids)}", "control_version_id": 1, "variant_version_id": variant,
+                     "start": False}}
+
+
+def training_run(world) -> dict:
+    from webapp.extensions import db
+    from webapp.models import TrainingRun
+
+    with world.app.app_context():
+        run = TrainingRun(status="succeeded", algorithm="ppo")
+        db.session.add(run)
+        db.session.commit()
+        return {"run_id": run.id}
+
+
+# ---------------------------------------------------------------------------- checks of successful cells
+
+def lists_only_own(world, role: str, resp, objs: dict) -> None:
+    ids = {c["id"] for c in resp.get_json()["conversations"]}
+    assert (objs["conversation_id"] in ids) == (role == "owner"), (role, ids)
+
+
+def session_identity(world, role: str, resp, objs: dict) -> None:
+    data = resp.get_json()
+    assert data["is_admin"] is (role == "admin"), role
+    assert (data["user_id"] == world.owner_id) == (role == "owner"), role
+
+
+def redirects_to(path: str) -> Callable:
+    def check(world, role: str, resp, objs: dict) -> None:
+        if 300 <= resp.status_code < 400:
+            assert resp.location.split("?")[0].endswith(path), (role, resp.location)
+    return check
+
+
+# ---------------------------------------------------------------------------- the matrix
+
+@dataclass
+class Row:
+    expect: dict  # role -> status code, or LOGIN
+    setup: Callable | None = None  # world -> path values (and optionally "body"), fresh for every cell
+    body: dict | None = None
+    form: dict | None = None
+    query: str = ""
+    path: dict = field(default_factory=dict)  # fixed path values
+    check: Callable | None = None  # extra check of a successful response
+
+
+MATRIX: dict[tuple[str, str], Row] = {
+    # ---- public
+    ("GET", "/"): Row(everyone(200)),
+    ("GET", "/static/<path:filename>"): Row(everyone(200), path={"filename": "css/app.css"}),
+    ("GET", "/api/health"): Row(everyone(200)),
+    ("GET", "/api/session"): Row(everyone(200), check=session_identity),
+    ("GET", "/admin/login"): Row({"anonymous": 200, "other": 200, "owner": 200, "admin": 302},
+                                 check=redirects_to("/admin/")),
+    ("POST", "/admin/login"): Row({"anonymous": 401, "other": 401, "owner": 401, "admin": 302},
+                                  form={"username": "root", "password": "wrong password"},
+                                  check=redirects_to("/admin/")),
+    ("POST", "/admin/logout"): Row(everyone(302), check=redirects_to("/admin/login")),
+    # ---- chat: a caller's own list, and their own objects only
+    ("GET", "/api/conversations"): Row(everyone(200), setup=chat_objects, check=lists_only_own),
+    ("POST", "/api/conversations"): Row(everyone(201), body={"title": "mine"}),
+    ("GET", "/api/conversations/<int:conversation_id>"): Row(owner_only(200), setup=chat_objects),
+    ("PATCH", "/api/conversations/<int:conversation_id>"): Row(owner_only(200), setup=chat_objects,
+                                                               body={"title": "renamed"}),
+    ("DELETE", "/api/conversations/<int:conversation_id>"): Row(owner_only(200), setup=chat_objects),
+    ("POST", "/api/conversations/<int:conversation_id>/messages"): Row(
+        owner_only(201), setup=chat_objects, body={"content": "And pasta?", "stream": False}),
+    ("POST", "/api/conversations/<int:conversation_id>/compare"): Row(owner_only(201), setup=chat_objects,
+                                                                      body={"content": "And pasta?"}),
+    ("POST", "/api/messages/<int:message_id>/regenerate"): Row(owner_only(201), setup=chat_objects,
+                                                               body={"stream": False}),
+    ("POST", "/api/messages/<int:message_id>/feedback"): Row(owner_only(200), setup=chat_objects,
+                                                             body={"thumb": "down", "comment": "rude"}),
+    ("POST", "/api/pairs/<int:pair_id>/vote"): Row(owner_only(200), setup=chat_objects, body={"winner": "b"}),
+    # ---- admin JSON API
+    ("GET", "/api/admin/metrics"): Row(admin_api(200)),
+    ("GET", "/api/admin/experiments"): Row(admin_api(200)),
+    ("POST", "/api/admin/experiments"): Row(admin_api(201), setup=new_experiment_body),
+    ("PATCH", "/api/admin/experiments/<key>"): Row(admin_api(200), setup=draft_experiment,
+                                                   body={"traffic_split": 0.25}),
+    ("POST", "/api/admin/experiments/<key>/stop"): Row(admin_api(200), setup=draft_experiment),
+    ("POST", "/api/admin/experiments/<key>/conclude"): Row(admin_api(200), setup=draft_experiment,
+                                                           body={"decision": "keep_control"}),
+    ("GET", "/api/admin/versions"): Row(admin_api(200)),
+    ("POST", "/api/admin/versions/<int:version_id>/promote"): Row(admin_api(200), setup=candidate_version),
+    ("POST", "/api/admin/versions/<int:version_id>/rollback"): Row(admin_api(200),
+                                                                   setup=active_version_with_parent),
+    ("GET", "/api/admin/runs"): Row(admin_api(200)),
+    ("POST", "/api/admin/runs"): Row(admin_api(202), body={"algorithm": "dpo"}),
+    ("GET", "/api/admin/runs/<int:run_id>"): Row(admin_api(200), setup=training_run),
+    ("GET", "/api/admin/feedback"): Row(admin_api(200), query="thumb=up"),
+    ("GET", "/api/admin/export"): Row(admin_api(200), query="format=pairs"),
+    ("GET", "/api/admin/audit"): Row(admin_api(200)),
+    # ---- admin pages
+    ("GET", "/admin/"): Row(ADMIN_PAGE),
+    ("GET", "/admin/experiments"): Row(ADMIN_PAGE),
+    ("GET", "/admin/experiments/<key>"): Row(ADMIN_PAGE, setup=draft_experiment),
+    ("GET", "/admin/experiment"): Row(ADMIN_PAGE),
+    ("GET", "/admin/runs"): Row(ADMIN_PAGE),
+    ("GET", "/admin/runs/<int:run_id>"): Row(ADMIN_PAGE, setup=training_run),
+    ("GET", "/admin/versions"): Row(ADMIN_PAGE),
+    ("GET", "/admin/feedback"): Row(ADMIN_PAGE, query="thumb=up"),
+}
+
+CONVERTER = re.compile(r"<(?:(\w+)(?:\([^)]*\))?:)?(\w+)>")
+
+
+def app_routes(app) -> set[tuple[str, str]]:
+    return {(method, rule.rule) for rule in app.url_map.iter_rules()
+            for method in rule.methods - {"HEAD", "OPTIONS"}}
+
+
+# ---------------------------------------------------------------------------- the world
+
+def _csrf_from_login_page(client) -> str:
+    page = client.get("/admin/login").get_data(as_text=True)
+    return re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, micro_model_dir):
+    """One app for the module: the micro model as the active version, an admin, a chat user who
+    owns the objects under test and another chat user, and a concluded experiment (for the
+    metrics and experiment pages). Starting a training run is stubbed (no child process)."""
+    from webapp.admin_auth import set_admin_password
+    from webapp.extensions import db
+    from webapp.models import Experiment, ModelVersion, User
+
+    mp = pytest.MonkeyPatch()
+    for key in _ENV_KEYS:
+        mp.delenv(key, raising=False)
+    mp.setattr("webapp.api.admin.spawn_training", lambda *a, **k: SimpleNamespace(pid=0))
+    limit = "100000 per minute"  # rate limits are not what this module tests
+    app = make_app(tmp_path_factory.mktemp("authz") / "instance", RLHF_MAX_NEW_TOKENS=4, RLHF_RETRAIN_MIN_FEEDBACK=0,
+                   RLHF_LOGIN_RATE_LIMIT=limit, RLHF_CHAT_RATE_LIMIT=limit, RLHF_CHAT_RATE_LIMIT_PER_ADDRESS=limit,
+                   RLHF_FEEDBACK_RATE_LIMIT=limit, RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS=limit)
+    register_model(app, micro_model_dir)
+    register_model(app, micro_model_dir, name="v2-ppo", status="retired")
+    with app.app_context():
+        set_admin_password("root", ADMIN_PASSWORD)
+        owner, other = User(anon_id="authz-owner-cookie-id"), User(anon_id="authz-other-cookie-id")
+        db.session.add_all([owner, other, Experiment(key="seed", control_version_id=1, variant_version_id=2,
+                                                     status="concluded", decision="keep_control")])
+        db.session.commit()
+        owner_id, other_id = owner.id, other.id
+        model_path = db.session.get(ModelVersion, 1).path
+    admin = app.test_client()
+    token = _csrf_from_login_page(admin)
+    assert admin.post("/admin/login", data={"username": "root", "password": ADMIN_PASSWORD,
+                                            "csrf_token": token}).status_code == 302
+    with admin.session_transaction() as sess:
+        admin_session = dict(sess)
+    world = SimpleNamespace(app=app, owner_id=owner_id, other_id=other_id, model_path=model_path,
+                            admin_session=admin_session)
+    yield world
+    mp.undo()
+    with app.app_context():
+        db.session.remove()
+        db.engine.dispose()
+
+
+def client_as(world, role: str):
+    """A fresh client acting as ``role`` and its CSRF token (fresh, so a logout in one cell
+    cannot affect another)."""
+    client = world.app.test_client()
+    with client.session_transaction() as sess:
+        if role == "admin":
+            sess.update(world.admin_session)
+        elif role in ("owner", "other"):
+            sess["anon_id"] = "authz-owner-cookie-id" if role == "owner" else "authz-other-cookie-id"
+    if role == "admin":
+        token = client.get("/api/session").get_json()["csrf_token"]
+    else:
+        token = _csrf_from_login_page(client)
+    return client, token
+
+
+def snapshot(world) -> dict[str, set]:
+    from webapp.extensions import db
+
+    with world.app.app_context():
+        with db.engine.connect() as conn:
+            return {name: set(map(repr, conn.execute(sa.text(f'SELECT * FROM "{name}"'))))
+                    for name in sa.inspect(conn).get_table_names()}
+
+
+def assert_unchanged(before: dict, after: dict, role: str, where: str) -> None:
+    for table in before.keys() | after.keys():
+        old, new = before.get(table, set()), after.get(table, set())
+        if table == "users" and role == "anonymous":
+            # a first-time visitor is recorded as a user, nothing else may change
+            assert old <= new and len(new - old) <= 1, f"{where}: users changed"
+            continue
+        assert old == new, f"{where}: a denied request changed table {table}"
+
+
+# ---------------------------------------------------------------------------- tests
+
+def test_every_route_is_classified(world):
+    routes = app_routes(world.app)
+    missing = routes - set(MATRIX)
+    assert not missing, f"route(s) without an authorization row in MATRIX: {sorted(missing)}"
+    stale = set(MATRIX) - routes
+    assert not stale, f"MATRIX rows for routes the app no longer has: {sorted(stale)}"
+    for key, row in MATRIX.items():
+        assert set(row.expect) == set(ROLES), key
+
+
+@pytest.mark.parametrize("route", sorted(MATRIX), ids=lambda r: f"{r[0]} {r[1]}")
+def test_authorization(world, route):
+    method, rule = route
+    row = MATRIX[route]
+    for role in ROLES:
+        objs = row.setup(world) if row.setup else {}
+        body = objs.pop("body", row.body)
+        path = CONVERTER.sub(lambda m: str({**row.path, **objs}[m.group(2)]), rule)
+        client, token = client_as(world, role)
+        where = f"{role}: {method} {path}"
+        before = snapshot(world)
+        if row.form is not None:
+            resp = client.open(path, method=method, data={**row.form, "csrf_token": token})
+        else:
+            resp = client.open(path, method=method, query_string=row.query, json=body,
+                               headers={"X-CSRFToken": token})
+        expected = row.expect[role]
+        if expected == LOGIN:
+            assert resp.status_code == 302, f"{where}: {resp.status_code}"
+            assert resp.location.split("?")[0].endswith("/admin/login"), f"{where}: {resp.location}"
+            assert_unchanged(before, snapshot(world), role, where)
+            continue
+        assert resp.status_code == expected, f"{where}: {resp.status_code} {resp.get_data(as_text=True)[:300]}"
+        if path.startswith("/api/") and resp.status_code >= 400:
+            assert resp.is_json, f"{where}: not JSON"
+            error = resp.get_json()["error"]
+            assert error, where
+            if resp.status_code == 404:
+                assert "not found" in error.lower(), f"{where}: {error}"
+        if resp.status_code >= 400:
+            assert_unchanged(before, snapshot(world), role, where)
+        elif row.check is not None:
+            row.check(world, role, resp, objs)
+
+
+def test_ids_in_bodies_are_scoped_to_the_caller(world):
+    """Ids inside request bodies are checked like ids in paths: another user's message cannot be
+    replied to (parent_id) or compared again (message_id) from one's own conversation."""
+    from webapp.extensions import db
+    from webapp.models import Conversation
+
+    theirs = chat_objects(world)  # the owner's objects; the caller below is the other user
+    with world.app.app_context():
+        conv = Conversation(user_id=world.other_id, title="other's chat")
+        db.session.add(conv)
+        db.session.commit()
+        own_conv = conv.id
+    client, token = client_as(world, "other")
+    question = theirs["message_id"] - 1  # the owner's question (the answers follow it)
+    for url, body in ((f"/api/conversations/{own_conv}/messages",
+                       {"content": "hi", "stream": False, "parent_id": theirs["message_id"]}),
+                      (f"/api/conversations/{own_conv}/compare", {"content": "hi", "parent_id": theirs["message_id"]}),
+                      (f"/api/conversations/{own_conv}/compare", {"message_id": question})):
+        before = snapshot(world)
+        resp = client.post(url, json=body, headers={"X-CSRFToken": token})
+        assert resp.status_code == 404, (url, body, resp.status_code)
+        assert "not found" in resp.get_json()["error"].lower(), (url, body)
+        assert_unchanged(before, snapshot(world), "other", url)
