@@ -20,7 +20,8 @@ def free_port() -> int:
 
 
 class LiveServer:
-    def __init__(self, instance: Path, env: dict[str, str] | None = None, timeout: float = 120.0):
+    def __init__(self, instance: Path, env: dict[str, str] | None = None, timeout: float = 120.0,
+                 args: list[str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(instance) / "server.log"
@@ -28,7 +29,7 @@ class LiveServer:
         full_env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance), "PYTHONUNBUFFERED": "1", **(env or {})}
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "flask", "--app", "webapp", "serve", "--port", str(self.port)],
+            [sys.executable, "-m", "flask", "--app", "webapp", "serve", "--port", str(self.port), *(args or [])],
             cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
         self._wait(timeout)
 

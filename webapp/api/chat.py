@@ -11,6 +11,7 @@ import random
 from typing import Any, Iterator
 
 from flask import Blueprint, Response, current_app, jsonify, stream_with_context
+from sqlalchemy.exc import IntegrityError
 from werkzeug.exceptions import BadRequest, NotFound, ServiceUnavailable
 
 from rlhf.generation import GenerationResult, LoadedModel, generate_chat, stream_chat
@@ -291,15 +292,25 @@ def post_feedback(message_id: int):
     if msg.role != "assistant":
         raise BadRequest("Feedback can only be given on assistant answers.")
     changes = feedback_changes(data)
-    fb = db.session.scalars(db.select(Feedback).filter_by(user_id=user.id, message_id=msg.id)).first()
-    if fb is None:
-        fb = Feedback(user_id=user.id, message_id=msg.id, reasons=[])
-        db.session.add(fb)
-    for key, value in changes.items():
-        setattr(fb, key, value)
-    fb.updated_at = utcnow()
-    db.session.commit()
-    return jsonify(feedback=feedback_dict(fb), message_id=msg.id)
+    user_id, message_id = user.id, msg.id
+    for attempt in range(2):
+        fb = db.session.scalars(db.select(Feedback).filter_by(user_id=user_id, message_id=message_id)).first()
+        if fb is None:
+            fb = Feedback(user_id=user_id, message_id=message_id, reasons=[])
+            db.session.add(fb)
+        for key, value in changes.items():
+            setattr(fb, key, value)
+        fb.updated_at = utcnow()
+        try:
+            db.session.commit()
+            break
+        except IntegrityError:
+            # A simultaneous request of the same user inserted the row first (unique per user and
+            # message): apply this request's changes to that row instead.
+            db.session.rollback()
+            if attempt:
+                raise
+    return jsonify(feedback=feedback_dict(fb), message_id=message_id)
 
 
 # ---------------------------------------------------------------------------- compare
