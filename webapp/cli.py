@@ -150,15 +150,19 @@ def rl_train_command(algorithm: str, min_feedback: int | None, max_steps: int | 
 @click.option("--format", "fmt", type=click.Choice(["pairs", "kto", "sft", "raw"]), required=True)
 @click.option("--output", type=click.Path(dir_okay=False, writable=True), required=True,
               help="JSONL file to write ('-' for standard output).")
-def export_feedback_command(fmt: str, output: str) -> None:
+@click.option("--redact/--no-redact", default=True, show_default=True,
+              help="Replace e-mail addresses and phone numbers in all texts with [EMAIL]/[PHONE].")
+def export_feedback_command(fmt: str, output: str, redact: bool) -> None:
     """Write stored feedback as JSONL in TRL's column names (pairs: prompt/chosen/rejected,
-    kto: prompt/completion/label, sft: prompt/completion; raw: whole conversations)."""
+    kto: prompt/completion/label, sft: prompt/completion; raw: whole conversations).
+    Deleted conversations are never exported; e-mail addresses and phone numbers are redacted
+    unless --no-redact."""
     import json
     import os
 
     from .training import export_rows
 
-    rows = export_rows(fmt)
+    rows = export_rows(fmt, redact=redact)
     text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     if output == "-":
         click.echo(text, nl=False)

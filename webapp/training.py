@@ -26,6 +26,7 @@ from rlhf.cycle import CycleSettings, NotEnoughData, overall_progress, prepare_d
 from rlhf.evaluation import GateThresholds
 from rlhf.policy_training import ALGORITHMS, PolicySettings
 from rlhf.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
+from rlhf.redaction import redact_records
 
 from .bootstrap import active_version
 from .extensions import db
@@ -57,9 +58,11 @@ def feedback_event_count() -> int:
     return int(fb or 0) + int(votes or 0)
 
 
-def feedback_records() -> list[ConversationRecord]:
+def feedback_records(redact: bool = True) -> list[ConversationRecord]:
     """Every live conversation as plain records, with the owner's feedback and votes.
-    Deleted conversations are left out, so deleting one removes it from future training."""
+    Deleted conversations are left out, so deleting one removes it from future training.
+    ``redact``: e-mail addresses and phone numbers in message texts, corrections and comments
+    are replaced by ``[EMAIL]``/``[PHONE]`` (rlhf.redaction), for training and exports alike."""
     convs = db.session.execute(db.select(Conversation.id, Conversation.user_id)
                                .where(Conversation.deleted_at.is_(None)).order_by(Conversation.id)).all()
     owner = {cid: uid for cid, uid in convs}
@@ -78,24 +81,26 @@ def feedback_records() -> list[ConversationRecord]:
         comparisons[msg_conv[c.prompt_message_id]].append(
             ComparisonRecord(c.id, c.prompt_message_id, c.message_a_id, c.message_b_id, c.winner))
     versions = {v.id: v.name for v in db.session.scalars(db.select(ModelVersion))}
-    return [ConversationRecord(
+    records = [ConversationRecord(
         id=cid, user_id=owner[cid], comparisons=tuple(comparisons[cid]),
         messages=tuple(MessageRecord(m.id, m.role, m.content, m.parent_id, feedback.get(m.id),
                                      versions.get(m.model_version_id)) for m in messages[cid]))
         for cid in owner if messages[cid]]
+    return redact_records(records) if redact else records
 
 
 EXPORT_FORMATS = ("pairs", "kto", "sft", "raw")
 
 
-def export_rows(fmt: str) -> list[dict[str, Any]]:
+def export_rows(fmt: str, redact: bool = True) -> list[dict[str, Any]]:
     """Rows for ``export-feedback`` / the admin export: TRL columns plus ``split``; or raw
-    conversations. Deleted conversations are never included."""
+    conversations. Deleted conversations are never included. ``redact`` (the default): e-mail
+    addresses and phone numbers in every text are replaced (see feedback_records)."""
     from dataclasses import asdict
 
     from rlhf.preference_data import build_datasets
 
-    records = feedback_records()
+    records = feedback_records(redact=redact)
     if fmt == "raw":
         return [asdict(r) for r in records]
     data = getattr(build_datasets(records), fmt)

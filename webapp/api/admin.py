@@ -238,7 +238,11 @@ def export():
     fmt = request.args.get("format", "")
     if fmt not in EXPORT_FORMATS:
         raise BadRequest(f"format must be one of {', '.join(EXPORT_FORMATS)}.")
-    rows = export_rows(fmt)
+    # e-mail addresses and phone numbers are redacted unless the admin asks for ?redact=0
+    redact = request.args.get("redact", "1").lower()
+    if redact not in ("1", "0", "true", "false", "yes", "no"):
+        raise BadRequest("redact must be 1 or 0.")
+    rows = export_rows(fmt, redact=redact in ("1", "true", "yes"))
     body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     return Response(body, mimetype="application/x-ndjson",
                     headers={"Content-Disposition": f'attachment; filename="feedback-{fmt}.jsonl"'})
