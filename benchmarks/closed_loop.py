@@ -16,7 +16,7 @@ server on a loopback port with the scheduler inside (short intervals), and round
 Stops after the first cycle whose variant satisfies the preference significantly more often
 than the control (p < 0.05), or after 2 cycles.
 
-    .venv/bin/python benchmarks/closed_loop.py [--preference polite on_topic concise] [--markdown FILE]
+    .venv/bin/python benchmarks/closed_loop.py [--preference polite concise detailed on_topic] [--markdown FILE]
 """
 from __future__ import annotations
 
@@ -222,7 +222,7 @@ def markdown(results: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preference", nargs="+", default=["polite", "on_topic", "concise"])
+    ap.add_argument("--preference", nargs="+", default=["polite", "concise", "detailed"])
     ap.add_argument("--markdown", type=Path, help="also write the table to this file")
     ap.add_argument("--json", type=Path, help="also write the raw results to this file")
     args = ap.parse_args()

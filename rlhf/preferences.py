@@ -3,6 +3,10 @@
 Each function maps (question, answer) to a satisfaction in [0, 1]; an answer "satisfies the
 preference" when it scores at least 0.5. Adding one is a few lines: write the function and
 register it in ``PREFERENCES``.
+
+``PREFERENCES`` holds the shipped ones: the closed-loop benchmark shows each of them learned
+from at most 400 feedback events. ``EXPERIMENTAL`` holds preferences simulated users can have
+but the loop does not yet learn within that budget (see the README's closed-loop results).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ PreferenceFn = Callable[[str, str], float]
 _RAMBLE = tuple(f.lower() for f in RAMBLE_FILLERS)
 _TIPS_BY_TOPIC = {t.name: {tip.lower() for task in t.tasks for tip in task.tips} | {f.lower() for f in t.facts}
                   for t in TOPICS}
+_ALL_TIPS = frozenset().union(*_TIPS_BY_TOPIC.values())
 
 
 def polite(question: str, answer: str) -> float:
@@ -52,8 +57,29 @@ def concise(question: str, answer: str) -> float:
     return 1.0 if words <= 30 else max(0.0, 1.0 - (words - 30) / 30)
 
 
-PREFERENCES: dict[str, PreferenceFn] = {"polite": polite, "on_topic": on_topic, "concise": concise}
+def detailed(question: str, answer: str) -> float:
+    """Detailed over terse: at least two distinct pieces of concrete advice, and no filler."""
+    a = answer.lower()
+    if any(f in a for f in _RAMBLE):
+        return 0.0
+    advice = sum(tip in a for tip in _ALL_TIPS)  # distinct tips: saying one twice counts once
+    return 1.0 if advice >= 2 else 0.3 if advice == 1 else 0.0
+
+
+PREFERENCES: dict[str, PreferenceFn] = {"polite": polite, "concise": concise, "detailed": detailed}
+# relational: needs the question and the answer together; off-topic answers are rare (~1 in 11)
+# so 400 events hold too few of them for the reward model (see README, closed-loop results)
+EXPERIMENTAL: dict[str, PreferenceFn] = {"on_topic": on_topic}
+
+
+def preference(name: str) -> PreferenceFn:
+    """The preference function called ``name`` (shipped or experimental)."""
+    try:
+        return PREFERENCES.get(name) or EXPERIMENTAL[name]
+    except KeyError:
+        raise ValueError(f"unknown preference {name!r}; choose from "
+                         f"{', '.join([*PREFERENCES, *EXPERIMENTAL])}") from None
 
 
 def satisfies(name: str, question: str, answer: str) -> bool:
-    return PREFERENCES[name](question, answer) >= 0.5
+    return preference(name)(question, answer) >= 0.5

@@ -16,7 +16,7 @@ from typing import Any
 import requests
 
 from . import corpus
-from .preferences import PREFERENCES, PreferenceFn
+from .preferences import PreferenceFn, preference
 
 
 @dataclass
@@ -51,7 +51,7 @@ class SimulatedUser:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
-        self.judge: PreferenceFn = PREFERENCES[self.preference]
+        self.judge: PreferenceFn = preference(self.preference)
         self.http = requests.Session()
         data = self._get("/api/session")
         self.csrf, self.user_id, self.arm = data["csrf_token"], data["user_id"], data["arm"]

@@ -10,7 +10,7 @@ import random
 from typing import Callable
 
 from rlhf import corpus
-from rlhf.preferences import PREFERENCES
+from rlhf.preferences import preference as preference_fn
 from webapp.extensions import db
 from webapp.models import Comparison, Conversation, Feedback, Message, ModelVersion, User
 
@@ -30,7 +30,7 @@ def seed_feedback(app, conversations: int, preference: str = "polite", seed: int
                   noise: float = 0.05) -> int:
     """Write ``conversations`` rated conversations; returns the number of feedback events."""
     rng = random.Random(seed)
-    prefer = PREFERENCES[preference]
+    prefer = preference_fn(preference)
     questions = corpus.sample_prompts(200, seed=seed + 1)
     events = 0
     with app.app_context():
