@@ -298,6 +298,14 @@ def admin_client(app):
     return SimpleNamespace(client=client, csrf=token)
 
 
+def database(request) -> dict:
+    """``RLHF_TEST_DATABASE=postgresql`` runs the module on a PostgreSQL database of its own (as
+    it does for the ``app`` fixture); SQLite in the instance folder otherwise."""
+    if os.environ.get("RLHF_TEST_DATABASE", "sqlite") == "postgresql":
+        return {"SQLALCHEMY_DATABASE_URI": request.getfixturevalue("postgres_server").create_database()}
+    return {}
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, micro_model_dir, request):
     """One app for the whole module, seeded with chat data of two users, versions, experiments
@@ -311,7 +319,8 @@ def world(tmp_path_factory, micro_model_dir, request):
         mp.delenv(key, raising=False)
     mp.setattr("webapp.api.admin.spawn_training", lambda *a, **k: SimpleNamespace(pid=0))
     limit = "1000000 per minute"  # rate limits are not what this module tests
-    app = make_app(tmp_path_factory.mktemp("fuzz") / "instance", RLHF_MAX_NEW_TOKENS=4, RLHF_RETRAIN_MIN_FEEDBACK=0,
+    app = make_app(tmp_path_factory.mktemp("fuzz") / "instance", **database(request),
+                   RLHF_MAX_NEW_TOKENS=4, RLHF_RETRAIN_MIN_FEEDBACK=0,
                    RLHF_LOGIN_RATE_LIMIT=limit, RLHF_CHAT_RATE_LIMIT=limit, RLHF_CHAT_RATE_LIMIT_PER_ADDRESS=limit,
                    RLHF_FEEDBACK_RATE_LIMIT=limit, RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS=limit)
     register_model(app, micro_model_dir)

@@ -16,6 +16,7 @@ Requests carry the caller's valid CSRF token: what is tested is who may do what,
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -246,8 +247,16 @@ def _csrf_from_login_page(client) -> str:
     return re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
 
 
+def database(request) -> dict:
+    """``RLHF_TEST_DATABASE=postgresql`` runs the module on a PostgreSQL database of its own (as
+    it does for the ``app`` fixture); SQLite in the instance folder otherwise."""
+    if os.environ.get("RLHF_TEST_DATABASE", "sqlite") == "postgresql":
+        return {"SQLALCHEMY_DATABASE_URI": request.getfixturevalue("postgres_server").create_database()}
+    return {}
+
+
 @pytest.fixture(scope="module")
-def world(tmp_path_factory, micro_model_dir):
+def world(tmp_path_factory, micro_model_dir, request):
     """One app for the module: the micro model as the active version, an admin, a chat user who
     owns the objects under test and another chat user, and a concluded experiment (for the
     metrics and experiment pages). Starting a training run is stubbed (no child process)."""
@@ -260,7 +269,8 @@ def world(tmp_path_factory, micro_model_dir):
         mp.delenv(key, raising=False)
     mp.setattr("webapp.api.admin.spawn_training", lambda *a, **k: SimpleNamespace(pid=0))
     limit = "100000 per minute"  # rate limits are not what this module tests
-    app = make_app(tmp_path_factory.mktemp("authz") / "instance", RLHF_MAX_NEW_TOKENS=4, RLHF_RETRAIN_MIN_FEEDBACK=0,
+    app = make_app(tmp_path_factory.mktemp("authz") / "instance", **database(request),
+                   RLHF_MAX_NEW_TOKENS=4, RLHF_RETRAIN_MIN_FEEDBACK=0,
                    RLHF_LOGIN_RATE_LIMIT=limit, RLHF_CHAT_RATE_LIMIT=limit, RLHF_CHAT_RATE_LIMIT_PER_ADDRESS=limit,
                    RLHF_FEEDBACK_RATE_LIMIT=limit, RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS=limit)
     register_model(app, micro_model_dir)
