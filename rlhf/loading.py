@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .chat_format import prepare_model_and_tokenizer
@@ -44,7 +45,7 @@ def load_causal_lm(source: str | Path, device: torch.device | str = "cpu", setti
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(source))
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype or torch.float32)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:  # corrupt weights: SafetensorError
         hint = "" if Path(str(source)).exists() else " (not a local directory; hub ids need internet access)"
         raise ModelLoadError(f"{setting}={str(source)!r} could not be loaded{hint}: {_one_line(exc)}") from exc
     prepare_model_and_tokenizer(model, tokenizer)

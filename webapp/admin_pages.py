@@ -16,6 +16,7 @@ from .extensions import db
 from .models import (AuditEvent, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion, TrainingRun,
                      User, utcnow)
 from .scheduler import scheduled_jobs
+from .serving import serving_problems
 from .svg_charts import line_chart
 
 bp = Blueprint("admin_pages", __name__, url_prefix="/admin")
@@ -53,7 +54,7 @@ def overview():
     events = db.session.scalars(db.select(AuditEvent).order_by(AuditEvent.id.desc()).limit(10)).all()
     return render_template("admin/overview.html", stats=stats, active=active_version(), experiment=exp,
                            summary=summary, runs=[run_dict(r) for r in runs], events=events,
-                           scheduler=scheduled_jobs())
+                           scheduler=scheduled_jobs(), problems=serving_problems())
 
 
 @bp.get("/experiments")

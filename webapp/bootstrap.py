@@ -37,6 +37,14 @@ def active_version() -> ModelVersion | None:
                               .order_by(ModelVersion.id.desc())).first()
 
 
+def _can_fall_back(version: ModelVersion) -> bool:
+    """Whether an earlier complete version can answer while ``version`` cannot: then a broken
+    active version is reported and served around, not silently replaced by a new base model."""
+    from .serving import fallback_versions
+
+    return any(registry.is_complete(v.path) for v in fallback_versions(version.id))
+
+
 def _noop(stage: str, done: int, total: int) -> None:
     pass
 
@@ -47,8 +55,8 @@ def ensure_base_version(progress: ProgressFn = _noop, force: bool = False) -> tu
     with instance_lock("init-model"):
         db.session.expire_all()  # another process may have finished the build while we waited
         current = active_version()
-        if current is not None and not force and registry.is_complete(current.path):
-            return current, False
+        if current is not None and not force and (registry.is_complete(current.path) or _can_fall_back(current)):
+            return current, False  # a broken active version is served by a fallback (webapp.serving)
 
         cfg = current_app.config
         source = str(cfg["RLHF_BASE_MODEL"]).strip()

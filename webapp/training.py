@@ -215,6 +215,8 @@ def run_training(trigger: str = "cli", algorithm: str = "ppo", min_feedback: int
 
     with training_lock():
         recovered = recover_stale_runs()
+        for stale in recovered:  # their work directories died with them (only runs write them; we hold the lock)
+            shutil.rmtree(Path(cfg["INSTANCE_DIR"]) / "runs" / f".tmp-run-{stale}", ignore_errors=True)
         parent = active_version()
         if parent is None or not registry.is_complete(parent.path):
             raise RunRefused("no usable active model version; run `flask --app webapp init-model` first")

@@ -20,7 +20,7 @@ from ..auth import current_visitor
 from ..extensions import db
 from ..models import Comparison, Conversation, Feedback, Message, User, iso, utcnow
 from ..security import chat_limit, feedback_limit
-from ..serving import Route, generation_settings, load, route_for
+from ..serving import Route, generation_settings, route_for, serve
 from ..validation import (MAX_TITLE_CHARS, bool_field, feedback_changes, json_body, message_content, optional_id,
                           text_field)
 
@@ -258,8 +258,9 @@ def post_message(conversation_id: int):
     content = message_content(data)
     stream = bool_field(data, "stream", True)
     parent = resolve_parent(conv, data)
-    route = route_for(user)
-    loaded = load(route)  # a model that cannot answer fails with 503 before anything is written
+    # the version that really answers (a fallback when the routed one cannot be loaded); a model
+    # that cannot answer at all fails with 503 before anything is written
+    route, loaded = serve(route_for(user))
     user_msg = _add_question(conv, content, parent)
     return _answer(user_msg, route, loaded, stream, created_user_msg=True)
 
@@ -277,8 +278,8 @@ def regenerate(message_id: int):
             raise BadRequest("This answer has no question to answer again.")
     elif msg.role != "user":
         raise BadRequest("Only answers (or the questions they answer) can be regenerated.")
-    route = route_for(user)
-    return _answer(msg, route, load(route), stream, created_user_msg=False)
+    route, loaded = serve(route_for(user))
+    return _answer(msg, route, loaded, stream, created_user_msg=False)
 
 
 # ---------------------------------------------------------------------------- feedback
@@ -335,8 +336,7 @@ def compare(conversation_id: int):
     data = json_body({"content", "parent_id", "message_id"})
     user = current_visitor()
     conv = own_conversation(conversation_id, user)
-    route_a, route_b = _compare_routes(user)
-    model_a, model_b = load(route_a), load(route_b)
+    (route_a, model_a), (route_b, model_b) = (serve(route) for route in _compare_routes(user))
     created = False
     if "message_id" in data:  # compare two new answers to a question already asked
         user_msg = own_message(optional_id(data, "message_id") or 0, user)

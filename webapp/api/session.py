@@ -30,5 +30,13 @@ def get_session():
 
 @bp.get("/health")
 def health():
+    """``ok`` (or ``no_model``); ``degraded`` while the active version cannot be loaded and a
+    fallback answers in its place (``serving``: the fallback, or null when nothing can)."""
+    from ..serving import serving_problems
+
     version = active_version()
+    problem = next((p for p in serving_problems() if version and p["version"] == version.name), None)
+    if problem is not None:
+        return jsonify(status="degraded", model_version=version.name, serving=problem["serving"],
+                       problem=problem["error"])
     return jsonify(status="ok" if version else "no_model", model_version=version.name if version else None)
