@@ -155,8 +155,13 @@ def run_preference(preference: str, model_dir: Path) -> dict:
 
             # 3. the monitor starts an experiment; evaluation users chat; ground truth per arm
             t0 = time.perf_counter()
-            exp = wait_for(lambda: next((e for e in db_state(instance)[1] if e[1] == "running"), None), 60)
+            # generous: on a busy machine the monitor's tick can lag well behind the run's end
+            exp = wait_for(lambda: next((e for e in db_state(instance)[1] if e[1] == "running"), None), 300)
             rnd["experiment"] = exp[0] if exp else None
+            if not exp:
+                rnd["decision"] = "no experiment started"
+                rounds.append(rnd)
+                continue
             # judged by the version that answered (after a promotion new users get the variant without an arm)
             control_name, variant_name = (exp[4], exp[3]) if exp else (None, None)
             judged: dict[str, list[bool]] = {"control": [], "variant": []}
