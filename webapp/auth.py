@@ -19,6 +19,9 @@ def init_app(app: Flask) -> None:
         return user if user is not None and user.is_admin else None
 
 
+_BY_ANON_ID = db.select(User).where(User.anon_id == db.bindparam("anon_id"))  # built once: runs on every request
+
+
 def current_visitor(create: bool = True) -> User | None:
     """The caller as a ``users`` row: the logged-in admin, else the anonymous visitor named by
     the signed cookie (created on first use when ``create``)."""
@@ -26,7 +29,7 @@ def current_visitor(create: bool = True) -> User | None:
         return current_user._get_current_object()
     anon_id = session.get("anon_id")
     if anon_id:
-        user = db.session.scalars(db.select(User).filter_by(anon_id=anon_id)).first()
+        user = db.session.scalars(_BY_ANON_ID, {"anon_id": anon_id}).first()
         if user is not None:
             return user
     if not create:

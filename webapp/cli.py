@@ -58,11 +58,22 @@ def _ensure_model(force: bool = False):
     return version
 
 
+SERVE_DEFAULTS = {"workers": 1, "threads": 8}
+
+
+def gunicorn_settings(host: str, port: int, workers: int, threads: int) -> dict:
+    """The production server's gunicorn settings (benchmarks serve their baselines with them too)."""
+    return {"bind": f"{host}:{port}", "workers": workers, "threads": threads, "worker_class": "gthread",
+            "timeout": 300,  # a streamed answer may take a while on a slow CPU
+            "accesslog": "-"}
+
+
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--threads", default=8, show_default=True, type=int, help="Request threads per worker.")
-@click.option("--workers", default=1, show_default=True, type=int,
+@click.option("--threads", default=SERVE_DEFAULTS["threads"], show_default=True, type=int,
+              help="Request threads per worker.")
+@click.option("--workers", default=SERVE_DEFAULTS["workers"], show_default=True, type=int,
               help="Worker processes; each holds its own copy of the models.")
 def serve_command(host: str, port: int, threads: int, workers: int) -> None:
     """Run the production server (gunicorn), building the base model first if needed."""
@@ -77,12 +88,8 @@ def serve_command(host: str, port: int, threads: int, workers: int) -> None:
 
     class _Server(BaseApplication):
         def load_config(self) -> None:
-            self.cfg.set("bind", f"{host}:{port}")
-            self.cfg.set("workers", workers)
-            self.cfg.set("threads", threads)
-            self.cfg.set("worker_class", "gthread")
-            self.cfg.set("timeout", 300)  # a streamed answer may take a while on a slow CPU
-            self.cfg.set("accesslog", "-")
+            for key, value in gunicorn_settings(host, port, workers, threads).items():
+                self.cfg.set(key, value)
 
         def load(self):
             if app.config["RLHF_SCHEDULER"]:  # in the worker process, after gunicorn forked it

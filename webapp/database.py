@@ -24,6 +24,10 @@ def engine_options(config: dict[str, Any]) -> dict[str, Any]:
         connect_args.setdefault("timeout", config["SQLITE_BUSY_TIMEOUT_MS"] / 1000)
         connect_args.setdefault("check_same_thread", False)
         options["connect_args"] = connect_args
+        if ":memory:" not in url and url.rstrip("/") not in ("sqlite:", "sqlite+pysqlite:"):
+            # Keep a connection per request thread: with SQLAlchemy's default (5) the server's 8
+            # threads kept opening and closing overflow connections, each running the pragmas.
+            options.setdefault("pool_size", 16)
     else:
         # Survive a database server restart: test connections before handing them out.
         options.setdefault("pool_pre_ping", True)
