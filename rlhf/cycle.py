@@ -7,12 +7,15 @@ says about them.
 from __future__ import annotations
 
 import resource
+import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from .adapters import is_adapter
 from .evaluation import EvalSettings, GateThresholds, evaluate_candidate
+from .loading import load_causal_lm
 from .policy_training import ALGORITHMS, PolicySettings, train_dpo, train_kto, train_ppo, train_rloo
 from .preference_data import DataSettings, DatasetBundle, build_datasets
 from .records import ConversationRecord
@@ -97,8 +100,22 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
     ``policy_dir`` (both must not exist yet or be empty). Raises NotEnoughData before any
     training when the data cannot support it."""
     settings.validate()
-    report = progress or (lambda *a: None)
     say = log or (lambda line: None)
+    if is_adapter(parent_dir):
+        # A LoRA version as parent: every stage gets it as a plain model (merged into a temporary
+        # directory), and a LoRA policy is saved merged (an adapter can only name a stored base).
+        Path(policy_dir).parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".parent-", dir=Path(policy_dir).parent) as merged:
+            model, tokenizer = load_causal_lm(parent_dir, "cpu", setting="parent version")
+            model.save_pretrained(merged)
+            tokenizer.save_pretrained(merged)
+            del model
+            say(f"parent {Path(parent_dir).name} is a LoRA adapter version: trained on its merged weights"
+                + ("; the new LoRA policy is saved merged" if settings.policy.lora else ""))
+            return run_cycle(conversations, merged, reward_dir, policy_dir,
+                             replace(settings, policy=replace(settings.policy, lora_merge=True)),
+                             progress, log, bundle)
+    report = progress or (lambda *a: None)
     timings: dict[str, float] = {}
     peaks: dict[str, float] = {}
 

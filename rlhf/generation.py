@@ -78,9 +78,29 @@ class ModelPool:
             lock = self._loading.setdefault(key, threading.Lock())
         with lock:
             if key not in self._models:
-                model, tokenizer = load_causal_lm(key, self.device)
-                self._models[key] = LoadedModel(name or Path(key).name, model, tokenizer, self.device)
+                self._models[key] = self._load(key, name or Path(key).name)
         return self._models[key]
+
+    def _load(self, key: str, name: str) -> LoadedModel:
+        """A full version gets its own weights; a LoRA adapter version is injected into its base
+        version's loaded weights (loading the base if needed), which it shares (rlhf.adapters)."""
+        from .adapters import SharedWeights, base_of, is_adapter
+        from .loading import ModelLoadError
+
+        if not is_adapter(key):
+            model, tokenizer = load_causal_lm(key, self.device)
+            return LoadedModel(name, SharedWeights(model).view(), tokenizer, self.device)
+        base_dir = base_of(key)
+        if is_adapter(base_dir) or not base_dir.is_dir():
+            raise ModelLoadError(f"adapter version {name}: its base {str(base_dir)!r} is "
+                                 + ("itself an adapter" if base_dir.is_dir() else "missing"))
+        same = [k for k in list(self._models) if Path(k).resolve() == base_dir.resolve()]
+        base = self.get(same[0] if same else base_dir)
+        try:
+            view = base.model.shared.attach(key, name)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise ModelLoadError(f"adapter version {name} could not be loaded: {exc}") from exc
+        return LoadedModel(name, view, base.tokenizer, self.device)
 
     def evict(self, path: str | Path) -> None:
         self._models.pop(str(path), None)

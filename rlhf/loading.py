@@ -9,6 +9,7 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from .adapters import base_of, is_adapter, merged_model
 from .chat_format import prepare_model_and_tokenizer
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -35,13 +36,30 @@ def _one_line(exc: BaseException) -> str:
 
 def load_causal_lm(source: str | Path, device: torch.device | str = "cpu", setting: str = "model",
                    dtype: torch.dtype | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) from a hub id or a directory, in eval mode on ``device``.
+    """(model, tokenizer) from a hub id or a directory, in eval mode on ``device``. A LoRA adapter
+    version (rlhf.adapters) loads as its base with the adapter merged: a plain model.
 
     ``setting`` names where ``source`` came from, so the error tells the operator what to fix.
     """
     looks_local = str(source).startswith(("/", ".", "~")) or Path(str(source)).exists()
     if looks_local and not Path(str(source)).expanduser().is_dir():
         raise ModelLoadError(f"{setting}={str(source)!r} could not be loaded: no such directory")
+    if looks_local and is_adapter(source):  # a LoRA version: its base with the adapter merged in
+        try:
+            base = base_of(source)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelLoadError(f"{setting}={str(source)!r} could not be loaded: {_one_line(exc)}") from exc
+        if is_adapter(base):
+            raise ModelLoadError(f"{setting}={str(source)!r}: its base {str(base)!r} is itself an adapter")
+        model, tokenizer = load_causal_lm(base, "cpu", setting=f"{setting} (base of {Path(str(source)).name})",
+                                          dtype=dtype)
+        try:
+            model = merged_model(model, source)
+        except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:
+            raise ModelLoadError(f"{setting}={str(source)!r} could not be loaded: {_one_line(exc)}") from exc
+        model.to(device)
+        model.eval()
+        return model, tokenizer
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(source))
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype or torch.float32)

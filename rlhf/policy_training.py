@@ -1,8 +1,10 @@
 """Policy updates with TRL: PPO (default), or DPO, KTO and RLOO on the same data.
 
-Every function takes the parent policy directory and writes the new policy, as a plain
-``save_pretrained`` directory (LoRA adapters merged), to ``out_dir``. They never change the
-parent; a failure leaves ``out_dir`` to be discarded by the caller.
+Every function takes the parent policy directory and writes the new policy to ``out_dir``: a
+plain ``save_pretrained`` directory, or with ``lora`` the LoRA adapter alone (peft's
+``save_pretrained``), whose ``base_model_name_or_path`` is the parent directory: served on top
+of the parent's loaded weights (rlhf.adapters). ``lora_merge`` writes the merged model instead.
+They never change the parent; a failure leaves ``out_dir`` to be discarded by the caller.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ class PolicySettings:
     rloo_generations: int = 4
     lora: bool = False
     lora_r: int = 16
+    lora_merge: bool = False  # with lora: save the merged model instead of the adapter
     seed: int = 0
 
     def validate(self) -> "PolicySettings":
@@ -70,13 +73,19 @@ def _lora_config(model: Any, settings: PolicySettings):
              type(m).__name__ == "Conv1D"}
     targets = sorted(names & {"c_attn", "c_proj", "c_fc", "q_proj", "k_proj", "v_proj", "o_proj", "dense",
                               "fc1", "fc2"}) or "all-linear"
+    conv1d = any(type(m).__name__ == "Conv1D" for m in model.modules())  # GPT-2 stores weights transposed
     return LoraConfig(r=settings.lora_r, lora_alpha=2 * settings.lora_r, lora_dropout=0.0, target_modules=targets,
-                      task_type="CAUSAL_LM")
+                      task_type="CAUSAL_LM", fan_in_fan_out=conv1d)
 
 
-def _save_policy(model: Any, tokenizer: Any, out_dir: str | Path) -> None:
-    if hasattr(model, "merge_and_unload"):  # LoRA: bake the adapter into plain weights
-        model = model.merge_and_unload()
+def _save_policy(model: Any, tokenizer: Any, out_dir: str | Path, policy_dir: str | Path,
+                 settings: PolicySettings) -> None:
+    if hasattr(model, "merge_and_unload"):  # LoRA
+        if settings.lora_merge:  # bake the adapter into plain weights
+            model = model.merge_and_unload()
+        else:  # the adapter alone, naming the parent it was trained on as its base
+            for cfg in model.peft_config.values():
+                cfg.base_model_name_or_path = str(Path(policy_dir).resolve())
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
 
@@ -151,7 +160,7 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
         _callbacks(trainer, progress, "policy")
         trainer.train()
         trained = trainer.model.policy if hasattr(trainer.model, "policy") else trainer.policy_model
-        _save_policy(trained, tokenizer, out_dir)
+        _save_policy(trained, tokenizer, out_dir, policy_dir, settings)
         log = trainer.state.log_history
     return {"algorithm": "ppo", "episodes": episodes, "updates": trainer.state.global_step,
             "prompts": len(rows), "lora": settings.lora,
@@ -182,7 +191,7 @@ def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: li
                               peft_config=_lora_config(policy, settings) if settings.lora else None)
         _callbacks(trainer, progress, "policy")
         result = trainer.train()
-        _save_policy(trainer.model, tokenizer, out_dir)
+        _save_policy(trainer.model, tokenizer, out_dir, policy_dir, settings)
     return result, trainer.state.log_history, std
 
 
@@ -250,7 +259,7 @@ def train_rloo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[lis
                               peft_config=_lora_config(policy, settings) if settings.lora else None)
         _callbacks(trainer, progress, "policy")
         result = trainer.train()
-        _save_policy(trainer.model, tokenizer, out_dir)
+        _save_policy(trainer.model, tokenizer, out_dir, policy_dir, settings)
         log = trainer.state.log_history
     return {"algorithm": "rloo", "prompts": len(texts), "steps": result.global_step, "lora": settings.lora,
             **_history(log, ("reward", "kl", "loss"))}

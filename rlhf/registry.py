@@ -2,7 +2,8 @@
 
 A version is written into a hidden temporary directory next to its final place and renamed
 into place only when complete, so a crash never leaves a half-written version that looks
-real. Each version directory carries ``version.json`` with its lineage.
+real. Each version directory carries ``version.json`` with its lineage; a LoRA adapter version
+(rlhf.adapters) also names its base there (``adapter``: base version name and path).
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
+
+from .adapters import ADAPTER_CONFIG, adapter_lineage
 
 VERSION_FILE = "version.json"
 _NAME_RE = re.compile(r"^v(\d+)-")
@@ -46,6 +49,9 @@ def write_version(store: str | Path, kind: str, write: Callable[[Path], dict[str
         metrics = write(tmp) or {}
         meta = {"name": name, "kind": kind, "created_at": datetime.now(timezone.utc).isoformat(),
                 "metrics": metrics, **(lineage or {})}
+        adapter = adapter_lineage(tmp)
+        if adapter:  # a LoRA adapter without weights of its own: which version it runs on
+            meta["adapter"] = adapter
         (tmp / VERSION_FILE).write_text(json.dumps(meta, indent=2, default=str))
         _fsync_tree(tmp)
         os.rename(tmp, final)  # atomic on one filesystem
@@ -62,10 +68,15 @@ def _fsync_tree(path: Path) -> None:
                 os.fsync(f.fileno())
 
 
+def has_model_config(path: str | Path) -> bool:
+    """The directory has a model's config: ``config.json``, or a LoRA adapter's (rlhf.adapters)."""
+    p = Path(path)
+    return (p / "config.json").is_file() or (p / ADAPTER_CONFIG).is_file()
+
+
 def is_complete(path: str | Path) -> bool:
     """A version directory that was renamed into place (has its lineage file and config)."""
-    p = Path(path)
-    return (p / VERSION_FILE).is_file() and (p / "config.json").is_file()
+    return (Path(path) / VERSION_FILE).is_file() and has_model_config(path)
 
 
 def remove_stale_temporaries(store: str | Path) -> int:

@@ -41,7 +41,7 @@ class LiveServer:
             try:
                 if requests.get(self.url + "/api/health", timeout=2).ok:
                     return
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not up yet, or busy starting (loaded machine)
                 pass
             time.sleep(0.3)
         self.stop()

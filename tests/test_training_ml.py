@@ -81,12 +81,22 @@ def test_ppo_changes_the_policy_and_raises_its_reward(micro_model_dir, reward_di
     assert mean_reward(out, rm_path) > mean_reward(micro_model_dir, rm_path) + 0.1
 
 
-def test_ppo_with_lora_saves_a_plain_merged_model(micro_model_dir, reward_dir, tmp_path):
+def test_ppo_with_lora_saves_the_adapter_on_its_parent(micro_model_dir, reward_dir, tmp_path):
+    import json
+
     rm_path, _ = reward_dir
     settings = PolicySettings(**{**MICRO_POLICY.__dict__, "lora": True, "lora_r": 4, "episodes": 16})
     train_ppo(micro_model_dir, rm_path, prompts(8), tmp_path / "lora", settings, device="cpu")
-    assert not (tmp_path / "lora" / "adapter_config.json").exists()
-    AutoModelForCausalLM.from_pretrained(tmp_path / "lora")
+    out = tmp_path / "lora"
+    assert (out / "adapter_model.safetensors").is_file() and not (out / "model.safetensors").exists()
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(micro_model_dir.resolve())
+    load_causal_lm(out, "cpu")  # the parent with the adapter merged
+    AutoModelForCausalLM.from_pretrained(out)  # plain transformers + peft load it too
+    settings = PolicySettings(**{**settings.__dict__, "lora_merge": True})
+    train_ppo(micro_model_dir, rm_path, prompts(8), tmp_path / "merged", settings, device="cpu")
+    assert not (tmp_path / "merged" / "adapter_config.json").exists()
+    AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
 
 
 @pytest.mark.parametrize("algorithm", ["dpo", "kto", "rloo"])

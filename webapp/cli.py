@@ -108,7 +108,8 @@ def serve_command(host: str, port: int, threads: int, workers: int) -> None:
 @click.option("--min-feedback", type=int, default=None,
               help="Refuse below this many feedback events [default: RLHF_RETRAIN_MIN_FEEDBACK].")
 @click.option("--max-steps", type=int, default=None, help="Cap on policy optimisation steps.")
-@click.option("--lora/--no-lora", default=None, help="Train a LoRA adapter (merged into the new version).")
+@click.option("--lora/--no-lora", default=None,
+              help="Train a LoRA adapter; the new version is the adapter, served on its parent's weights.")
 @click.option("--trigger", type=click.Choice(["cli", "manual", "schedule"]), default="cli", hidden=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON summary object at the end.")
 def rl_train_command(algorithm: str, min_feedback: int | None, max_steps: int | None, lora: bool | None,

@@ -27,6 +27,7 @@ from typing import Any
 from flask import Flask, current_app
 
 from rlhf import registry
+from rlhf.adapters import base_of, is_adapter
 
 from .admin_auth import audit
 from .bootstrap import active_version
@@ -144,8 +145,9 @@ def housekeeping_tick() -> dict[str, Any]:
 
 def prune_retired_versions(keep: int) -> list[str]:
     """Delete the files of retired versions beyond the ``keep`` most recent. The active
-    version's parent (the roll-back target) and versions in a running experiment are kept;
-    database rows stay (answers reference them), marked pruned."""
+    version's parent (the roll-back target), versions in a running experiment and the base of
+    any LoRA adapter version that keeps its files are kept; database rows stay (answers
+    reference them), marked pruned."""
     active = active_version()
     exp = running_experiment()
     protected = {active.parent_id} if active and active.parent_id else set()
@@ -154,8 +156,20 @@ def prune_retired_versions(keep: int) -> list[str]:
     retired = [v for v in db.session.scalars(db.select(ModelVersion).filter_by(status="retired")
                                              .order_by(ModelVersion.id.desc()))
                if v.id not in protected and Path(v.path).exists()]
+    doomed = {v.path for v in retired[keep:]}
+    # a LoRA adapter version runs on its base version's weights: a base stays while any version
+    # built on it keeps its files (rlhf.adapters)
+    needed = set()
+    for v in db.session.scalars(db.select(ModelVersion)):
+        if v.path not in doomed and is_adapter(v.path):
+            try:
+                needed.add(str(base_of(v.path).resolve()))
+            except (OSError, ValueError, KeyError):  # an unreadable adapter cannot protect anything
+                pass
     pruned = []
     for version in retired[keep:]:
+        if str(Path(version.path).resolve()) in needed:
+            continue
         if Path(version.path).resolve().parent == Path(current_app.config["MODEL_STORE"]).resolve():
             shutil.rmtree(version.path, ignore_errors=True)
             version.metrics = {**(version.metrics or {}), "pruned_at": utcnow().isoformat()}

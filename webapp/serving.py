@@ -14,12 +14,12 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from flask import current_app
 from werkzeug.exceptions import ServiceUnavailable
 
+from rlhf import registry
 from rlhf.generation import GenerationSettings, LoadedModel, ModelPool
 from rlhf.loading import ModelLoadError
 
@@ -243,9 +243,9 @@ def serving_problems() -> list[dict[str, Any]]:
         if recorded:
             problems.append({"version": version.name, "path": version.path, "error": recorded.get("error"),
                              "serving": recorded.get("serving"), "since": recorded.get("since")})
-        elif not (Path(version.path) / "config.json").is_file():
+        elif not registry.has_model_config(version.path):  # config.json, or a LoRA adapter's config
             serving = next((v.name for v in fallback_versions(version.id)
-                            if (Path(v.path) / "config.json").is_file()), None)
+                            if registry.has_model_config(v.path)), None)
             problems.append({"version": version.name, "path": version.path, "since": None, "serving": serving,
                              "error": "its directory is missing or incomplete (no config.json)"})
     return problems
