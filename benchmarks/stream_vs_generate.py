@@ -1,9 +1,14 @@
 """Streamed answers through the real HTTP server vs plain ``model.generate``, side by side.
 
-Same model, same prompts, same sampling settings, same machine, interleaved runs. Reports the
-median time to first token and tokens per second of each, and their difference/ratio.
+Same model, same prompts, same sampling settings (the server's defaults: max_new_tokens,
+temperature, top_p; top-k as generate() applies it), same stop behaviour (EOS or the start of
+a new turn, ``STOP_STRINGS``), same machine, interleaved runs. Tokens are counted the same way
+on both sides: every generated token, including the EOS or the token that completes a stop
+string (the server's ``token_count``; ``generate``'s new tokens), same torch threads (the
+server's ``RLHF_INFERENCE_THREADS``, applied to ``generate`` here too). Reports the median time
+to first token and tokens per second of each, and their difference/ratio.
 
-    .venv/bin/python benchmarks/stream_vs_generate.py [--model DIR] [--runs 30]
+    .venv/bin/python benchmarks/stream_vs_generate.py [--model DIR] [--runs 30] [--inference-threads N]
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ import requests  # noqa: E402
 import torch  # noqa: E402
 from transformers.generation.streamers import BaseStreamer  # noqa: E402
 
-from rlhf.chat_format import render_prompt  # noqa: E402
+from rlhf.chat_format import STOP_STRINGS, render_prompt  # noqa: E402
 from rlhf.corpus import sample_prompts  # noqa: E402
 from rlhf.loading import load_causal_lm  # noqa: E402
 from tests.conftest import cached_model, make_app, register_model  # noqa: E402
@@ -57,7 +62,8 @@ def plain_generate(model, tok, prompt: str) -> tuple[float, float, int]:
     with torch.inference_mode():
         out = model.generate(**ids, max_new_tokens=DEFAULTS["RLHF_MAX_NEW_TOKENS"], do_sample=True,
                              temperature=DEFAULTS["RLHF_TEMPERATURE"], top_p=DEFAULTS["RLHF_TOP_P"],
-                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, streamer=timer)
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, streamer=timer,
+                             stop_strings=list(STOP_STRINGS), tokenizer=tok)
     total = time.perf_counter() - start
     n = out.shape[1] - ids["input_ids"].shape[1]
     return (timer.first - start) * 1000, total, n
@@ -87,14 +93,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, help="model directory (default: build/reuse the embedded model)")
     ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--inference-threads", type=int, default=DEFAULTS["RLHF_INFERENCE_THREADS"],
+                    help="torch threads of both sides (0: torch's default) [default: RLHF_INFERENCE_THREADS]")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     torch.manual_seed(0)
+    if args.inference_threads > 0:
+        torch.set_num_threads(args.inference_threads)
     model_dir = args.model or cached_model("default")
     instance = Path(tempfile.mkdtemp(prefix="bench-stream-")) / "instance"
     register_model(make_app(instance), model_dir)
     # one user asking back to back: rate limits (meant for people) would cut the series short
-    server = LiveServer(instance, env={"RLHF_DEVICE": "cpu", "RLHF_RATELIMIT_ENABLED": "0"})
+    server = LiveServer(instance, env={"RLHF_DEVICE": "cpu", "RLHF_RATELIMIT_ENABLED": "0",
+                                       "RLHF_INFERENCE_THREADS": str(args.inference_threads)})
     try:
         model, tok = load_causal_lm(model_dir, "cpu")
         s = requests.Session()
@@ -117,7 +128,8 @@ def main() -> None:
                 "tokens_per_s": statistics.median(r[2] / r[1] for r in rows),
                 "tokens": statistics.median(r[2] for r in rows)}
 
-    result = {"runs": args.runs, "model": str(model_dir), "plain_generate": summary(plain),
+    result = {"runs": args.runs, "model": str(model_dir), "torch_threads": torch.get_num_threads(),
+              "plain_generate": summary(plain),
               "streamed_http": summary(http)}
     result["first_token_overhead_ms"] = result["streamed_http"]["ttft_ms"] - result["plain_generate"]["ttft_ms"]
     result["throughput_ratio"] = result["streamed_http"]["tokens_per_s"] / result["plain_generate"]["tokens_per_s"]

@@ -132,24 +132,27 @@ def test_streamed_answer_stopped_midway_keeps_what_was_said(app, api, conv):
             assert answers == [] and db.session.query(Message).count() == 0
 
 
-def test_generation_failure_stores_nothing(app, api, conv, monkeypatch):
+def test_generation_failure_stores_nothing(app, api, conv):
     ask(api, conv)  # loads the model
     with app.app_context():
         pool = app.extensions["model_pool"]
         model = next(iter(pool._models.values())).model
 
-    def broken_generate(*a, **k):
+    def broken_forward(module, args):  # every forward pass fails, as on a GPU out of memory
         raise RuntimeError("CUDA out of memory")
 
-    monkeypatch.setattr(model, "generate", broken_generate)
-    before = counts(app)
-    events = sse_events(api.post(f"/api/conversations/{conv}/messages", json={"content": "Boom?"}))
-    assert events[-1][0] == "error" and "Generation failed" in events[-1][1]["error"]
-    resp = api.post(f"/api/conversations/{conv}/messages", json={"content": "Boom?", "stream": False})
-    assert resp.status_code == 503 and "failed to answer" in resp.get_json()["error"]
-    resp = api.post(f"/api/conversations/{conv}/compare", json={"content": "Boom?"})
-    assert resp.status_code == 503
-    assert counts(app) == before
+    hook = model.register_forward_pre_hook(broken_forward)
+    try:
+        before = counts(app)
+        events = sse_events(api.post(f"/api/conversations/{conv}/messages", json={"content": "Boom?"}))
+        assert events[-1][0] == "error" and "Generation failed" in events[-1][1]["error"]
+        resp = api.post(f"/api/conversations/{conv}/messages", json={"content": "Boom?", "stream": False})
+        assert resp.status_code == 503 and "failed to answer" in resp.get_json()["error"]
+        resp = api.post(f"/api/conversations/{conv}/compare", json={"content": "Boom?"})
+        assert resp.status_code == 503
+        assert counts(app) == before
+    finally:
+        hook.remove()
 
 
 def test_model_that_cannot_load_is_503_and_nothing_written(app, api, conv):

@@ -58,7 +58,9 @@ def _ensure_model(force: bool = False):
     return version
 
 
-SERVE_DEFAULTS = {"workers": 1, "threads": 8}
+# Every streamed answer holds a request thread until it ends (the answers themselves are generated
+# by one batching thread per model): 32 threads serve 32 users streaming at once.
+SERVE_DEFAULTS = {"workers": 1, "threads": 32}
 
 
 def gunicorn_settings(host: str, port: int, workers: int, threads: int) -> dict:
@@ -72,7 +74,7 @@ def gunicorn_settings(host: str, port: int, workers: int, threads: int) -> dict:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--threads", default=SERVE_DEFAULTS["threads"], show_default=True, type=int,
-              help="Request threads per worker.")
+              help="Request threads per worker (each streaming answer holds one until it ends).")
 @click.option("--workers", default=SERVE_DEFAULTS["workers"], show_default=True, type=int,
               help="Worker processes; each holds its own copy of the models.")
 def serve_command(host: str, port: int, threads: int, workers: int) -> None:
@@ -92,7 +94,13 @@ def serve_command(host: str, port: int, threads: int, workers: int) -> None:
                 self.cfg.set(key, value)
 
         def load(self):
-            if app.config["RLHF_SCHEDULER"]:  # in the worker process, after gunicorn forked it
+            # in the worker process, after gunicorn forked it
+            inference_threads = int(app.config["RLHF_INFERENCE_THREADS"])
+            if inference_threads > 0:
+                import torch
+
+                torch.set_num_threads(inference_threads)
+            if app.config["RLHF_SCHEDULER"]:
                 from .scheduler import start_background
 
                 start_background(app)

@@ -32,6 +32,9 @@ DEFAULTS: dict[str, Any] = {
     "RLHF_TEMPERATURE": 0.8,
     "RLHF_TOP_P": 0.95,
     "RLHF_MAX_MESSAGE_CHARS": 4000,
+    # torch threads for answering in `serve` (0: torch's default, all cores). One worker thread per
+    # model runs every answer as one batch; 1 is fastest for small models and on busy machines.
+    "RLHF_INFERENCE_THREADS": 1,
     # Scheduler / continuous learning.
     "RLHF_SCHEDULER": False,
     "RLHF_RETRAIN_INTERVAL_SECONDS": 3600.0,
@@ -85,6 +88,7 @@ ENV_VARS: dict[str, str] = {
     "RLHF_MAX_NEW_TOKENS": "RLHF_MAX_NEW_TOKENS",
     "RLHF_TEMPERATURE": "RLHF_TEMPERATURE",
     "RLHF_TOP_P": "RLHF_TOP_P",
+    "RLHF_INFERENCE_THREADS": "RLHF_INFERENCE_THREADS",
     "RLHF_SCHEDULER": "RLHF_SCHEDULER",
     "RLHF_RETRAIN_INTERVAL_SECONDS": "RLHF_RETRAIN_INTERVAL_SECONDS",
     "RLHF_RETRAIN_MIN_FEEDBACK": "RLHF_RETRAIN_MIN_FEEDBACK",

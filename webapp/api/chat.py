@@ -17,7 +17,7 @@ from flask_login import current_user
 from sqlalchemy.exc import IntegrityError
 from werkzeug.exceptions import BadRequest, NotFound, ServiceUnavailable
 
-from rlhf.generation import GenerationResult, LoadedModel, generate_chat, stream_chat
+from rlhf.generation import GenerationResult, LoadedModel, generate_chat, generate_chats, stream_chat
 
 from ..auth import current_visitor
 from ..extensions import db
@@ -215,6 +215,9 @@ def _answer(user_msg: Message, route: Route, loaded: LoadedModel, stream: bool, 
     messages = history(user_msg)
     settings = generation_settings()
     user_msg_id = user_msg.id
+    # An answer takes a while: end the read transaction so that no database connection (nor, on
+    # SQLite, a read snapshot that holds back WAL checkpoints) is held while it is generated.
+    db.session.commit()
 
     def discard_question() -> None:
         db.session.rollback()
@@ -428,9 +431,10 @@ def compare(conversation_id: int):
     messages = history(user_msg)
     settings = generation_settings()
     user_msg_id = user_msg.id
+    db.session.commit()  # end the read transaction: no database connection held while generating
     try:
-        result_a = generate_chat(model_a, messages, settings)
-        result_b = generate_chat(model_b, messages, settings)
+        # both at once: one batch when both sides are the same model, two workers side by side otherwise
+        result_a, result_b = generate_chats([(model_a, messages), (model_b, messages)], settings)
     except Exception as exc:
         current_app.logger.exception("generation failed")
         db.session.rollback()
