@@ -6,7 +6,7 @@ function (thumbs, stars, some corrections and compare votes). Then `flask --app 
 rl-train --json` runs as its own process; the script prints its summary, wall time and peak
 memory per stage.
 
-    .venv/bin/python benchmarks/train_cycle.py [--conversations 150] [--preference polite]
+    .venv/bin/python benchmarks/train_cycle.py [--conversations 150] [--preference polite] [--json FILE]
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ def main() -> None:
     ap.add_argument("--preference", default="polite")
     ap.add_argument("--algorithm", default="ppo")
     ap.add_argument("--instance", type=Path, help="instance folder (default: a new temporary one)")
+    ap.add_argument("--json", type=Path, help="also write the results to this file")
     args = ap.parse_args()
 
     model_dir = cached_model("default")
@@ -81,6 +82,18 @@ def main() -> None:
     for stage, secs in out["timings_s"].items():
         print(f"{stage:10} {secs:8.1f}   {out['peak_rss_mb'][stage]:8.0f}")
     print(f"whole rl-train process: {float(wall):.1f} s wall, peak RSS {int(peak_kb) / 1024:.0f} MB")
+    if args.json:
+        timings = out["timings_s"]
+        args.json.write_text(json.dumps({
+            "conversations": args.conversations, "preference": args.preference, "algorithm": args.algorithm,
+            "feedback_events": events, "seed_s": round(seed_s, 1), "data_counts": out["data_counts"],
+            "reward_model": out["reward_model"], "evaluation": ev, "decision": out["decision"],
+            "timings_s": timings, "peak_rss_mb": out["peak_rss_mb"], "process_wall_s": float(wall),
+            "process_peak_rss_mb": round(int(peak_kb) / 1024, 1),
+            # what the cycle spends outside the two TRL training stages (process start, data,
+            # evaluation gate, registering the version)
+            "outside_trl_training_s": round(float(wall) - timings.get("reward", 0) - timings.get("policy", 0), 1)},
+            indent=2, default=str))
 
 
 if __name__ == "__main__":

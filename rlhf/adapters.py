@@ -190,9 +190,11 @@ class SharedWeights:
             if self._peft is None:
                 from peft import PeftModel
 
-                self._peft = PeftModel.from_pretrained(self.model, path, adapter_name=adapter, is_trainable=False)
+                # low_cpu_mem_usage: the adapter's tensors are the loaded ones (no initialised copy)
+                self._peft = PeftModel.from_pretrained(self.model, path, adapter_name=adapter, is_trainable=False,
+                                                       low_cpu_mem_usage=True)
             else:
-                self._peft.load_adapter(path, adapter_name=adapter, is_trainable=False)
+                self._peft.load_adapter(path, adapter_name=adapter, is_trainable=False, low_cpu_mem_usage=True)
             self._after_change()
             self.adapters[adapter] = path
         return ModelView(self, adapter)

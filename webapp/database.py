@@ -25,9 +25,11 @@ def engine_options(config: dict[str, Any]) -> dict[str, Any]:
         connect_args.setdefault("check_same_thread", False)
         options["connect_args"] = connect_args
         if ":memory:" not in url and url.rstrip("/") not in ("sqlite:", "sqlite+pysqlite:"):
-            # Keep a connection per request thread: with SQLAlchemy's default (5) the server's 8
-            # threads kept opening and closing overflow connections, each running the pragmas.
-            options.setdefault("pool_size", 16)
+            # A connection per request thread, kept: with SQLAlchemy's default (5 + 10 overflow) the
+            # server's request threads (`serve --threads`, 32 by default) kept opening and closing
+            # overflow connections (each running the pragmas) or waited for one. Idle SQLite
+            # connections cost next to nothing; they are only opened when needed.
+            options.setdefault("pool_size", 64)
     else:
         # Survive a database server restart: test connections before handing them out.
         options.setdefault("pool_pre_ping", True)

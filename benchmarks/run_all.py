@@ -1,0 +1,410 @@
+"""Run every benchmark and write the results table to ``benchmarks/RESULTS.md``.
+
+Each benchmark script runs as its own process, one after the other (they would compete for
+the cores otherwise), with ``--json FILE`` (or, for scripts whose ``--json`` is a flag, the
+JSON they print); the raw results go to ``benchmarks/results/<name>.json`` together with the
+command, exit status, wall time, commit and date, and the table is rendered from them:
+per benchmark the command that reproduces it, the medians, the baseline measured in the same
+run, the ratio, the target and whether it was met. A script that does not exist (yet) is
+listed as not available; one that fails is listed as failed with its log.
+
+``closed_loop`` takes 15+ minutes: by default its last stored result is reused (marked as
+such, with its own commit and date), ``--closed-loop run`` runs it again, ``--closed-loop
+skip`` leaves it out.
+
+    .venv/bin/python benchmarks/run_all.py [--quick] [--only NAME ...] [--skip NAME ...]
+        [--closed-loop reuse|run|skip] [--render-only]
+
+``--quick`` runs shorter versions (fewer repeats, shorter periods): for checking that
+everything runs, not for the numbers. ``--only``/``--skip`` select benchmarks; the table
+keeps the stored results of the others. ``--render-only`` rewrites RESULTS.md from the
+stored results.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+RESULTS_DIR = BENCH / "results"
+RESULTS_MD = BENCH / "RESULTS.md"
+PYTHON = ".venv/bin/python"  # how the commands are shown (run from the repository root)
+
+
+@dataclass
+class Benchmark:
+    name: str
+    script: str
+    args: list[str]
+    quick_args: list[str]
+    timeout_s: int
+    what: str
+    rows: Callable[[Any], list[list[str]]] = field(repr=False, default=None)  # type: ignore[assignment]
+
+    @property
+    def path(self) -> Path:
+        return BENCH / self.script
+
+    def command(self, quick: bool) -> list[str]:
+        return [PYTHON, f"benchmarks/{self.script}", *(self.quick_args if quick else self.args)]
+
+
+# ---------------------------------------------------------------------------- table rows
+# Each row: metric, ours, baseline (measured in the same run), ratio, target, met.
+
+def _f(x: Any, digits: int = 1) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, (int, float)):
+        return f"{x:,.{digits}f}"
+    return str(x)
+
+
+def _met(ok: bool | None) -> str:
+    return "–" if ok is None else ("**met**" if ok else "**not met**")
+
+
+def rows_stream(r: dict) -> list[list[str]]:
+    ours, plain = r["streamed_http"], r["plain_generate"]
+    return [["tokens/s, one user streaming", _f(ours["tokens_per_s"]), _f(plain["tokens_per_s"]) + " (plain generate)",
+             _f(r["throughput_ratio"], 2), r.get("target_throughput_ratio", "–"), _met(r.get("met"))],
+            ["time to first token, ms", _f(ours["ttft_ms"]), _f(plain["ttft_ms"]) + " (plain generate)",
+             f"+{_f(r['first_token_overhead_ms'])} ms", "–", "–"]]
+
+
+def rows_concurrent(r: dict) -> list[list[str]]:
+    summary = r["summary"]
+    levels = sorted(summary, key=int)
+    base = levels[0]
+    ratios = next((v for k, v in r.items() if k.startswith("throughput_vs_")), {})
+    out = []
+    for n in levels:
+        s = summary[n]
+        out.append([f"{n} users: tokens/s (latency p50/p95 ms, errors)",
+                    f"{_f(s['tokens_per_s'])} ({_f(s['latency_p50_ms'], 0)}/{_f(s['latency_p95_ms'], 0)}, "
+                    f"{s['errors']})", _f(summary[base]["tokens_per_s"]) + f" ({base} user)",
+                    _f(ratios.get(n), 2), (r.get("targets") or {}).get(n, "–"), _met((r.get("met_by_level") or {}).get(n))])
+    return out
+
+
+def rows_feedback(r: dict) -> list[list[str]]:
+    o, b, v, t = r["ours"], r.get("baseline") or {}, r["verification"], r["target"]
+    return [["accepted feedback requests/s", _f(o["requests_per_s"], 0), _f(b.get("requests_per_s"), 0),
+             _f(r.get("ratio"), 2), f">= {t['requests_per_s']:.0f}/s", _met(o["requests_per_s"] >= t["requests_per_s"])],
+            ["latency p50, ms", _f(o["p50_ms"]), _f(b.get("p50_ms")), "–", "–", "–"],
+            ["latency p99, ms", _f(o["p99_ms"]), _f(b.get("p99_ms")), "–", f"<= {t['p99_ms']:.0f} ms",
+             _met(o["p99_ms"] <= t["p99_ms"])],
+            ["server CPU per request, ms", _f(o.get("server_cpu_ms_per_request"), 2),
+             _f(b.get("server_cpu_ms_per_request"), 2),
+             _f(o["server_cpu_ms_per_request"] / b["server_cpu_ms_per_request"], 2)
+             if b.get("server_cpu_ms_per_request") else "–", "–", "–"],
+            ["accepted writes stored exactly once (DB check)",
+             f"{v['answers_rated']} answers, {v['missing']} missing, {v['duplicated']} duplicated, "
+             f"{v['wrong_value']} wrong", "–", "–", "all, once", _met(v["ok"])]]
+
+
+def rows_stage(r: dict) -> list[list[str]]:
+    what = {"ppo": f"PPO stage wall s ({r.get('episodes')} episodes)",
+            "reward": f"reward stage wall s ({r.get('pairs')} pairs, {r.get('steps')} steps)"}[r["stage"]]
+    return [[what, _f(r["ours_s"]), _f(r["plain_trl_s"]) + " (plain TRL)", _f(r["ratio"], 3),
+             f"<= {r['target_ratio']}x", _met(r["met"])]]
+
+
+def rows_cycle(r: dict) -> list[list[str]]:
+    t = r["timings_s"]
+    stages = ", ".join(f"{k} {_f(v)}" for k, v in t.items())
+    rm = r["reward_model"]
+    ev = r["evaluation"]
+    return [["rl-train wall s (whole process)", _f(r["process_wall_s"]),
+             f"{_f(t.get('reward', 0) + t.get('policy', 0))} (its reward + policy TRL stages)",
+             _f(r["process_wall_s"] / max(1e-9, t.get("reward", 0) + t.get("policy", 0)), 2), "–", "–"],
+            ["stages, s", stages, "–", "–", "–", "–"],
+            ["peak RSS of rl-train, MB", _f(r["process_peak_rss_mb"], 0), "–", "–", "–", "–"],
+            ["reward model held-out accuracy; reward gain", f"{_f(rm.get('heldout_accuracy'), 3)}; "
+             f"{_f(ev.get('reward_gain'), 3)} (gate {'passed' if ev.get('passed') else 'failed'})",
+             "–", "–", "–", "–"]]
+
+
+def rows_memory(r: dict) -> list[list[str]]:
+    out = []
+    for s in r["shapes"]:
+        st, c = s["store"], s["configs"]
+        shape = f"{s['shape']} ({st['model_params'] / 1e6:.1f} M params)"
+        out.append([f"{shape}: RSS base alone, MiB", _f(c["base"]["rss_mib"]), "–", "–", "–", "–"])
+        out.append([f"{shape}: RSS + full-copy variant, MiB", _f(c["base + full copy"]["rss_mib"]),
+                    f"{_f(s['full_copy_cost_mib'])} extra", "–", "–", "–"])
+        out.append([f"{shape}: RSS + 1/2/3 LoRA variants, MiB",
+                    " / ".join(_f(c[f"base + {k} LoRA"]["rss_mib"]) for k in (1, 2, 3)), "–", "–", "–", "–"])
+        out.append([f"{shape}: extra LoRA variant, MiB (each)", " / ".join(_f(m) for m in s["lora_marginal_cost_mib"]),
+                    f"{_f(st['adapter_param_mib'], 2)} (its adapter)",
+                    f"{_f(s['lora_cost_vs_adapter'], 2)}x adapter, {_f(s['lora_cost_vs_full'], 3)}x full copy",
+                    f"<= {_f(s['target_mib'])}", _met(s["met"])])
+        checks = s["answers_check"]
+        out.append([f"{shape}: answers (base unaffected, adapters differ, copy = adapter 1)",
+                    ", ".join(k for k, ok in checks.items() if ok) or "none", "–", "–", "all",
+                    _met(all(checks.values()))])
+    return out
+
+
+def rows_closed_loop(results: list[dict]) -> list[list[str]]:
+    out = []
+    for res in results:
+        last = next((r for r in reversed(res["rounds"]) if "p_value" in r), None)
+        if last is None:
+            out.append([f"{res['preference']}: satisfied share", "no experiment", "–", "–",
+                        "variant better, p < 0.05", _met(False)])
+            continue
+        v, c = last["variant"], last["control"]
+        out.append([f"{res['preference']}: satisfied share, cycle {last['cycle']} "
+                    f"({last.get('feedback_events_total')} feedback events)",
+                    f"{v['share']:.1%} (variant)", f"{c['share']:.1%} (control)",
+                    f"{v['share'] / c['share']:.2f}" if c["share"] else "–",
+                    "variant better, p < 0.05", _met(res["success"]) + f" (p = {last['p_value']:.2g})"])
+        out.append([f"{res['preference']}: chat latency p95 while training, ms", _f(res["latency_p95_training_ms"], 0),
+                    f"{_f(res['latency_p95_idle_ms'], 0)} (idle)", "–", "–", "–"])
+    return out
+
+
+def rows_generic(r: Any) -> list[list[str]]:
+    if isinstance(r, dict):
+        return [[k, _f(v, 3), "–", "–", "–", "–"] for k, v in r.items() if isinstance(v, (int, float, str))][:8]
+    return [["result", "see JSON", "–", "–", "–", "–"]]
+
+
+BENCHMARKS = [
+    Benchmark("stream_vs_generate", "stream_vs_generate.py", ["--runs", "30"], ["--runs", "8"], 1800,
+              "one user's streamed answers through the real server vs plain model.generate", rows_stream),
+    Benchmark("concurrent_chat", "concurrent_chat.py", [], ["--repeats", "1", "--messages", "3"], 3600,
+              "1/4/16 users chatting at once on the real server", rows_concurrent),
+    Benchmark("feedback_ingestion", "feedback_ingestion.py", ["--seconds", "15", "--repeats", "3"],
+              ["--seconds", "5", "--repeats", "1"], 1800,
+              "32 concurrent raters posting feedback (upserts) to the real server", rows_feedback),
+    Benchmark("reward_vs_plain_trl", "reward_vs_plain_trl.py", ["--repeats", "3"], ["--repeats", "1"], 3600,
+              "reward-model stage vs a plain TRL RewardTrainer script", rows_stage),
+    Benchmark("ppo_vs_plain_trl", "ppo_vs_plain_trl.py", ["--repeats", "3", "--episodes", "256"],
+              ["--repeats", "1", "--episodes", "64"], 3600, "PPO stage vs a plain TRL PPOTrainer script", rows_stage),
+    Benchmark("train_cycle", "train_cycle.py", ["--conversations", "150"], ["--conversations", "40"], 3600,
+              "one full rl-train cycle on the embedded model", rows_cycle),
+    Benchmark("serving_memory", "serving_memory.py", ["--repeats", "3"], ["--repeats", "1"], 3600,
+              "resident memory of control + variants: full copy vs LoRA adapters on shared weights", rows_memory),
+    Benchmark("closed_loop", "closed_loop.py", [], ["--preference", "polite"], 7200,
+              "the whole loop with simulated users on the real server (15+ min)", rows_closed_loop),
+]
+
+
+# ---------------------------------------------------------------------------- running
+
+def json_mode(script: Path) -> str:
+    """'file' when the script takes ``--json FILE``, 'stdout' when ``--json`` is a flag that prints."""
+    proc = subprocess.run([sys.executable, str(script), "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    if re.search(r"--json [A-Z_]+\b", proc.stdout):  # argparse: one space before a metavar, more before help
+        return "file"
+    return "stdout" if "--json" in proc.stdout else "none"
+
+
+def last_json_object(text: str) -> Any:
+    """The JSON object a script printed (the last one that parses, starting at a line start)."""
+    starts = [m.start() for m in re.finditer(r"^[\[{]", text, re.M)]
+    for start in reversed(starts):
+        try:
+            return json.JSONDecoder().raw_decode(text[start:])[0]
+        except ValueError:
+            continue
+    raise ValueError("no JSON object in the output")
+
+
+def git_commit() -> str:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return head + ("+uncommitted changes" if dirty else "")
+
+
+def run_one(b: Benchmark, quick: bool) -> dict:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {"name": b.name, "quick": quick, "commit": git_commit(),
+                            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                            "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
+    log_path = RESULTS_DIR / f"{b.name}.log"
+    if not b.path.is_file():
+        meta.update(status="missing", command=" ".join(b.command(quick)))
+        return {"meta": meta, "result": None}
+    mode = json_mode(b.path)
+    cmd = b.command(quick)
+    with tempfile.TemporaryDirectory() as tmp:
+        out_file = Path(tmp) / "result.json"
+        run_cmd = [sys.executable, *cmd[1:]]
+        if mode == "file":
+            run_cmd += ["--json", str(out_file)]
+            cmd = [*cmd, "--json", f"benchmarks/results/{b.name}.json"]
+        elif mode == "stdout":
+            run_cmd += ["--json"]
+            cmd = [*cmd, "--json"]
+        meta["command"] = " ".join(shlex.quote(c) for c in cmd)
+        print(f"== {b.name}: {meta['command']}", flush=True)
+        t0 = time.perf_counter()
+        with open(log_path, "w") as log:
+            try:
+                proc = subprocess.run(run_cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
+                                      timeout=b.timeout_s)
+                stdout, code = proc.stdout, proc.returncode
+            except subprocess.TimeoutExpired as exc:
+                stdout, code = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
+                    else (exc.stdout or ""), "timeout"
+            log.write("\n---- stdout ----\n" + stdout)
+        meta["wall_s"] = round(time.perf_counter() - t0, 1)
+        meta["exit"] = code
+        meta["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+        result = None
+        try:
+            if mode == "file" and out_file.is_file():
+                result = json.loads(out_file.read_text())
+            elif mode == "stdout":
+                result = last_json_object(stdout)
+        except ValueError as exc:
+            meta["parse_error"] = str(exc)
+        meta["status"] = "ok" if code == 0 and result is not None else "failed"
+    print(f"   {meta['status']} in {meta['wall_s']} s", flush=True)
+    return {"meta": meta, "result": result}
+
+
+def stored(name: str) -> dict | None:
+    path = RESULTS_DIR / f"{name}.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            return None
+    return None
+
+
+# ---------------------------------------------------------------------------- the report
+
+def machine() -> dict[str, str]:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown") \
+        if Path("/proc/cpuinfo").is_file() else platform.processor()
+    mem_kb = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal")), 0) if Path("/proc/meminfo").is_file() else 0
+    versions = {}
+    for pkg in ("torch", "transformers", "trl", "peft", "flask", "sqlalchemy", "gunicorn"):
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = "not installed"
+    return {"cpu": cpu, "cores": str(os.cpu_count()), "ram": f"{mem_kb / 1024 / 1024:.1f} GiB",
+            "python": platform.python_version(), **versions}
+
+
+def render(entries: dict[str, dict | None], invocation: str) -> str:
+    m = machine()
+    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    lines = ["# Benchmark results", "",
+             f"Written by `{invocation}` on {now} at commit {git_commit()}.",
+             "Each benchmark compares against a baseline measured in the same run (same machine, same moment);",
+             "ratios are the numbers to read, absolute times depend on the machine and on what else it runs.", "",
+             "## Machine", "",
+             f"- CPU: {m['cpu']}, {m['cores']} cores; RAM {m['ram']}",
+             f"- Python {m['python']}; torch {m['torch']}, transformers {m['transformers']}, trl {m['trl']}, "
+             f"peft {m['peft']}; Flask {m['flask']}, SQLAlchemy {m['sqlalchemy']}, gunicorn {m['gunicorn']}",
+             "- The cores are shared: the 1-minute load average before/after each benchmark is listed below "
+             "(above the core count, other processes competed for the CPU).", "",
+             "## Results", "",
+             "| benchmark | metric | ours (median) | baseline, same run | ratio | target | met |",
+             "|---|---|---|---|---|---|---|"]
+    details = ["", "## Runs", "", "| benchmark | what | status | command | wall | commit, date | load avg |",
+               "|---|---|---|---|---|---|---|"]
+    for b in BENCHMARKS:
+        entry = entries.get(b.name)
+        meta = (entry or {}).get("meta") or {}
+        status = meta.get("status", "not run")
+        if entry and meta.get("reused"):
+            status = f"reused (stored result from {meta.get('date', '?')[:10]})"
+        label = f"`{b.name}`" + (" (quick)" if meta.get("quick") else "")
+        result = (entry or {}).get("result")
+        if result is None:
+            why = {"missing": "not available: script missing", "failed": f"failed (exit {meta.get('exit')}; "
+                   f"log `benchmarks/results/{b.name}.log`)", "skipped": "skipped"}.get(meta.get("status"), "not run")
+            lines.append(f"| {label} | {why} | – | – | – | – | – |")
+        else:
+            try:
+                rows = (b.rows or rows_generic)(result)
+            except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+                rows = [[f"could not read the result ({type(exc).__name__}: {exc})", "see JSON", "–", "–", "–", "–"]]
+            for i, row in enumerate(rows):
+                tag = label if i == 0 else ""
+                if i == 0 and meta.get("reused"):
+                    tag += " (reused)"
+                lines.append("| " + " | ".join([tag, *[c.replace("|", "\\|") for c in row]]) + " |")
+        load = f"{meta.get('loadavg_before', ['?'])[0]} / {meta.get('loadavg_after', ['?'])[0]}" if meta else "–"
+        details.append(f"| `{b.name}` | {b.what} | {status} | `{meta.get('command', ' '.join(b.command(False)))}` | "
+                       f"{_f(meta.get('wall_s'), 0) + ' s' if meta.get('wall_s') is not None else '–'} | "
+                       f"{meta.get('commit', '–')}, {meta.get('date', '–')[:16]} | {load} |")
+    details += ["", "Raw results (medians, every repeat, settings) are in `benchmarks/results/<name>.json`, "
+                "logs in `benchmarks/results/<name>.log`. Reproduce one benchmark with its command above, or all "
+                "of them with `.venv/bin/python benchmarks/run_all.py` (`--closed-loop run` to rerun the "
+                "closed loop too, `--quick` for a fast smoke run whose numbers are not meant to be quoted)."]
+    return "\n".join(lines + details + _notes()) + "\n"
+
+
+def _notes() -> list[str]:
+    notes = BENCH / "RESULTS.notes.md"
+    return ["", notes.read_text().rstrip()] if notes.is_file() else []
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    names = [b.name for b in BENCHMARKS]
+    ap.add_argument("--quick", action="store_true", help="shorter runs (smoke test; numbers not for quoting)")
+    ap.add_argument("--only", nargs="+", choices=names, help="run only these benchmarks")
+    ap.add_argument("--skip", nargs="+", choices=names, default=[], help="do not run these benchmarks")
+    ap.add_argument("--closed-loop", choices=["reuse", "run", "skip"], default="reuse",
+                    help="closed_loop: reuse its stored result (default), run it again, or leave it out")
+    ap.add_argument("--render-only", action="store_true", help="only rewrite RESULTS.md from stored results")
+    ap.add_argument("--output", type=Path, default=RESULTS_MD)
+    args = ap.parse_args()
+
+    selected = [b for b in BENCHMARKS if (not args.only or b.name in args.only) and b.name not in args.skip]
+    entries: dict[str, dict | None] = {b.name: stored(b.name) for b in BENCHMARKS}
+    if not args.render_only:
+        for b in selected:
+            if b.name == "closed_loop" and args.closed_loop != "run":
+                previous = entries.get(b.name)
+                if args.closed_loop == "skip" or previous is None or previous.get("result") is None:
+                    entries[b.name] = {"meta": {"status": "skipped", "command": " ".join(b.command(False))},
+                                       "result": None}
+                else:
+                    previous["meta"]["reused"] = True
+                continue
+            entry = run_one(b, args.quick)
+            entries[b.name] = entry
+            if entry["result"] is not None or not (RESULTS_DIR / f"{b.name}.json").is_file():
+                (RESULTS_DIR / f"{b.name}.json").write_text(json.dumps(entry, indent=2, default=str))
+            else:  # a failed run does not overwrite the last good result; it is reported as failed
+                (RESULTS_DIR / f"{b.name}.failed.json").write_text(json.dumps(entry, indent=2, default=str))
+    invocation = "benchmarks/run_all.py " + " ".join(sys.argv[1:])
+    args.output.write_text(render(entries, invocation.strip()))
+    print(f"wrote {args.output.relative_to(ROOT) if args.output.is_relative_to(ROOT) else args.output}")
+    failed = [b.name for b in selected if (entries.get(b.name) or {}).get("meta", {}).get("status") == "failed"]
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
