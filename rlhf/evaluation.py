@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from .loading import load_causal_lm, resolve_device
-from .reward_model import load_reward_model, score_texts
+from .reward_model import context_length, load_reward_model, score_texts
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -57,9 +57,16 @@ def _sample(model: Any, tok: Any, prompts: list[str], settings: EvalSettings) ->
     """Answers (text), prompt ids and answer ids (up to and including EOS)."""
     texts, prompt_ids, answer_ids = [], [], []
     device = next(model.parameters()).device
-    for i in range(0, len(prompts), 16):
-        batch = prompts[i:i + 16]
-        enc = tok(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    # a long conversation keeps its end: prompt + answer must fit the model's positions
+    budget = max(8, context_length(model) - settings.max_new_tokens)
+    side, tok.truncation_side = tok.truncation_side, "left"
+    try:
+        encoded = [tok(prompts[i:i + 16], return_tensors="pt", padding=True, add_special_tokens=False,
+                       truncation=True, max_length=budget) for i in range(0, len(prompts), 16)]
+    finally:
+        tok.truncation_side = side
+    for enc in encoded:
+        enc = enc.to(device)
         out = model.generate(**enc, max_new_tokens=settings.max_new_tokens, do_sample=True,
                              temperature=settings.temperature, top_p=1.0, top_k=0, pad_token_id=tok.pad_token_id,
                              eos_token_id=tok.eos_token_id)

@@ -155,3 +155,12 @@ def test_gate_passes_only_a_real_improvement(micro_model_dir, reward_dir, tmp_pa
                               settings=EvalSettings(max_new_tokens=24))
     assert not same["passed"] and same["reward_gain"] == 0.0 and same["kl_from_parent"] == 0.0
     assert "mean reward gain" in same["reasons"][0]
+
+
+def test_evaluation_samples_keep_the_end_of_prompts_longer_than_the_context(micro_model_dir):
+    model, tok = load_causal_lm(micro_model_dir, "cpu")
+    long = tok.apply_chat_template([{"role": "user", "content": "rice " * 2000}], tokenize=False,
+                                   add_generation_prompt=True)
+    texts, prompt_ids, answer_ids = _sample(model, tok, [long, "User: hi\nAssistant:"], EvalSettings(max_new_tokens=8))
+    assert len(texts) == 2 and len(prompt_ids[0]) + 8 <= model.config.n_positions
+    assert tok.decode(prompt_ids[0]).endswith("Assistant:")
