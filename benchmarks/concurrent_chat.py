@@ -163,7 +163,11 @@ def main() -> None:
                       / next(r for r in runs if r["users"] == base and r["repeat"] == k)["tokens_per_s"]
                       for k in range(args.repeats)]
         ratios[str(n)] = statistics.median(per_repeat)
+    # the target: 16 users together get at least 1.5x one user's throughput, without errors
+    targets = {str(n): ">= 1.5x" for n in args.users if n >= 16}
+    met = {n: ratios[n] >= 1.5 and summary[n]["errors"] == 0 for n in targets}
     result = {"model": str(model_dir), "messages_per_user": args.messages, "repeats": args.repeats,
+              "targets": targets, "met_by_level": met,
               "server_threads": args.threads or "serve default",
               "inference_threads": args.inference_threads if args.inference_threads is not None else "default",
               "summary": summary,
