@@ -122,8 +122,11 @@ def rows_feedback(r: dict) -> list[list[str]]:
 def rows_stage(r: dict) -> list[list[str]]:
     what = {"ppo": f"PPO stage wall s ({r.get('episodes')} episodes)",
             "reward": f"reward stage wall s ({r.get('pairs')} pairs, {r.get('steps')} steps)"}[r["stage"]]
-    return [[what, _f(r["ours_s"]), _f(r["plain_trl_s"]) + " (plain TRL)", _f(r["ratio"], 3),
-             f"<= {r['target_ratio']}x", _met(r["met"])]]
+    cpu = r.get("cpu_ratio")
+    return [[what + (", CPU s in brackets" if cpu else ""),
+             _f(r["ours_s"]) + (f" ({_f(r['ours_cpu_s'])})" if cpu else ""),
+             _f(r["plain_trl_s"]) + (f" ({_f(r['plain_trl_cpu_s'])})" if cpu else "") + " (plain TRL)",
+             _f(r["ratio"], 3) + (f" (CPU {_f(cpu, 3)})" if cpu else ""), f"<= {r['target_ratio']}x", _met(r["met"])]]
 
 
 def rows_cycle(r: dict) -> list[list[str]]:
@@ -195,9 +198,9 @@ BENCHMARKS = [
     Benchmark("feedback_ingestion", "feedback_ingestion.py", ["--seconds", "15", "--repeats", "3"],
               ["--seconds", "5", "--repeats", "1"], 1800,
               "32 concurrent raters posting feedback (upserts) to the real server", rows_feedback),
-    Benchmark("reward_vs_plain_trl", "reward_vs_plain_trl.py", ["--repeats", "3"], ["--repeats", "1"], 3600,
+    Benchmark("reward_vs_plain_trl", "reward_vs_plain_trl.py", ["--repeats", "5"], ["--repeats", "1"], 3600,
               "reward-model stage vs a plain TRL RewardTrainer script", rows_stage),
-    Benchmark("ppo_vs_plain_trl", "ppo_vs_plain_trl.py", ["--repeats", "3", "--episodes", "256"],
+    Benchmark("ppo_vs_plain_trl", "ppo_vs_plain_trl.py", ["--repeats", "5", "--episodes", "256"],
               ["--repeats", "1", "--episodes", "64"], 3600, "PPO stage vs a plain TRL PPOTrainer script", rows_stage),
     Benchmark("train_cycle", "train_cycle.py", ["--conversations", "150"], ["--conversations", "40"], 3600,
               "one full rl-train cycle on the embedded model", rows_cycle),

@@ -185,8 +185,8 @@ class SharedWeights:
         if str(cfg.get("peft_type", "")).upper() != "LORA" or cfg.get("use_dora"):
             raise ValueError(f"{path}: only plain LoRA adapters can share their base's weights "
                              f"(peft_type {cfg.get('peft_type')!r}, use_dora {cfg.get('use_dora')!r})")
-        adapter = self._unique_name(name or Path(path).name)
         with self.lock.write():
+            adapter = self._unique_name(name or Path(path).name)
             if self._peft is None:
                 from peft import PeftModel
 
@@ -206,9 +206,6 @@ class SharedWeights:
                 self._peft.delete_adapter(adapter)
                 self._after_change()
                 del self.adapters[adapter]
-
-    def adapter_parameters(self, adapter: str) -> int:
-        return sum(p.numel() for n, p in self.model.named_parameters() if f".{adapter}." in n)
 
     def _unique_name(self, wanted: str) -> str:
         base = re.sub(r"\W", "_", wanted) or "adapter"
