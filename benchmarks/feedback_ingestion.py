@@ -181,6 +181,12 @@ class Client(threading.Thread):
         self.errors: list[str] = []
         self.done = threading.Event()
 
+    def keep_cookie(self, resp: http.client.HTTPResponse) -> None:
+        """Send back the session cookie the server last set, as a browser does."""
+        for value in resp.headers.get_all("Set-Cookie") or ():
+            if value.startswith("session=") and "Cookie" in self.headers:
+                self.headers["Cookie"] = value.split(";", 1)[0]
+
     def run(self) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         while True:
@@ -202,6 +208,7 @@ class Client(threading.Thread):
                     resp = conn.getresponse()
                     resp.read()
                     status = resp.status
+                    self.keep_cookie(resp)
                 except (OSError, http.client.HTTPException) as exc:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
                     conn.close()

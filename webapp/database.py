@@ -14,6 +14,7 @@ from sqlalchemy import event, inspect
 from sqlalchemy.engine import Engine
 
 from .extensions import db
+from .group_commit import GroupCommitWriter
 
 
 def engine_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -55,6 +56,12 @@ def init_database(app: Flask) -> None:
         engine: Engine = db.engine
         if engine.dialect.name == "sqlite":
             event.listen(engine, "connect", _sqlite_pragmas(app.config["SQLITE_BUSY_TIMEOUT_MS"]))
+            app.extensions["sqlite_group_commit"] = GroupCommitWriter(engine)
+
+
+def group_commit_writer(app: Flask) -> GroupCommitWriter | None:
+    """The app's group-commit writer when its database is SQLite (see webapp/group_commit.py)."""
+    return app.extensions.get("sqlite_group_commit")
 
 
 def create_schema() -> list[str]:

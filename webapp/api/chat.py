@@ -6,10 +6,8 @@ generation removes what the request wrote, so no half-finished exchange is ever 
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import random
-import threading
 from typing import Any, Iterator
 
 from flask import Blueprint, Response, current_app, jsonify, session, stream_with_context
@@ -20,6 +18,7 @@ from werkzeug.exceptions import BadRequest, NotFound, ServiceUnavailable
 from rlhf.generation import GenerationResult, LoadedModel, generate_chat, generate_chats, stream_chat
 
 from ..auth import current_visitor
+from ..database import group_commit_writer
 from ..extensions import db
 from ..models import Comparison, Conversation, Feedback, Message, User, iso, utcnow
 from ..security import chat_limit, feedback_limit
@@ -94,7 +93,8 @@ def _own_answer_of_visitor(message_id: int) -> int | None:
     anon_id = session.get("anon_id")
     if not anon_id or current_user.is_authenticated:
         return None
-    return db.session.scalar(_OWN_ANSWER, {"message_id": message_id, "anon_id": anon_id})
+    # on the session's connection: Core execution, without the ORM layer (~0.1 ms less per rating)
+    return db.session.connection().scalar(_OWN_ANSWER, {"message_id": message_id, "anon_id": anon_id})
 
 
 def history(message: Message) -> list[dict[str, str]]:
@@ -316,11 +316,6 @@ def regenerate(message_id: int):
 # ---------------------------------------------------------------------------- feedback
 
 _UPSERTS: dict[tuple[str, tuple[str, ...]], Any] = {}
-# SQLite has one writer at a time; a thread that finds the database locked sleeps in SQLite's busy
-# handler (1, 2, 5, 10, 15, 20, 25 ms ...) although the lock is usually free again within a
-# millisecond. Queueing this process's feedback writes on a lock instead hands the database to the
-# next writer as soon as the last one commits (the busy timeout still covers other processes).
-_SQLITE_WRITER = threading.Lock()
 _RETURNED = ("thumb", "rating", "correction", "comment", "reasons", "updated_at")
 
 
@@ -350,7 +345,10 @@ def _upsert_feedback(user_id: int, message_id: int, changes: dict[str, Any]) -> 
     now = utcnow()
     params = {"v_user_id": user_id, "v_message_id": message_id, "v_reasons": [], "v_created_at": now,
               "v_updated_at": now, **{f"v_{k}": v for k, v in changes.items()}}
-    with _SQLITE_WRITER if dialect == "sqlite" else contextlib.nullcontext():
+    writer = group_commit_writer(current_app)
+    if writer is not None:  # SQLite: one writer at a time, so queued ratings share a transaction
+        row = writer.execute_one(stmt, params)
+    else:
         row = db.session.execute(stmt, params).one()
         db.session.commit()
     fb = dict(zip(_RETURNED, row))
