@@ -9,8 +9,8 @@ run, the ratio, the target and whether it was met. A script that does not exist 
 listed as not available; one that fails is listed as failed with its log.
 
 ``closed_loop`` takes several minutes (7 on an idle 2-core machine, 15+ on a busy one): by
-default its last stored result is reused (marked as such, with its own commit and date), ``--closed-loop run`` runs it again, ``--closed-loop
-skip`` leaves it out.
+default its last stored result is reused (marked as such, with its own commit and date),
+``--closed-loop run`` runs it again, ``--closed-loop skip`` leaves it out.
 
     .venv/bin/python benchmarks/run_all.py [--quick] [--only NAME ...] [--skip NAME ...]
         [--closed-loop reuse|run|skip] [--render-only]
