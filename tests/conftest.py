@@ -1,6 +1,7 @@
 """Shared fixtures: apps on temporary instance folders, micro and default embedded models."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -156,6 +157,38 @@ def app(tmp_path, micro_model_dir, database_url):
     with application.app_context():
         db.session.remove()
         db.engine.dispose()
+
+
+@contextlib.contextmanager
+def route_sweep_app(tmp_path_factory, request, name: str, micro_model_dir: Path):
+    """A module-scoped app for the modules that call every route (fuzz, authorization matrix):
+    the shell's settings cleared, every rate limit out of the way, starting a training run
+    stubbed (no child process), the micro model active, on ``RLHF_TEST_DATABASE`` (a PostgreSQL
+    database of its own, or SQLite in the instance folder). Torn down on exit."""
+    from types import SimpleNamespace
+
+    from webapp.extensions import db
+
+    mp = pytest.MonkeyPatch()
+    for key in _ENV_KEYS:
+        mp.delenv(key, raising=False)
+    mp.setattr("webapp.api.admin.spawn_training", lambda *a, **k: SimpleNamespace(pid=0))
+    overrides = {}
+    if os.environ.get("RLHF_TEST_DATABASE", "sqlite") == "postgresql":
+        overrides["SQLALCHEMY_DATABASE_URI"] = request.getfixturevalue("postgres_server").create_database()
+    limit = "1000000 per minute"  # rate limits are not what these modules test
+    application = make_app(tmp_path_factory.mktemp(name) / "instance", **overrides,
+                           RLHF_MAX_NEW_TOKENS=4, RLHF_RETRAIN_MIN_FEEDBACK=0, RLHF_LOGIN_RATE_LIMIT=limit,
+                           RLHF_CHAT_RATE_LIMIT=limit, RLHF_CHAT_RATE_LIMIT_PER_ADDRESS=limit,
+                           RLHF_FEEDBACK_RATE_LIMIT=limit, RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS=limit)
+    register_model(application, micro_model_dir)
+    try:
+        yield application
+    finally:
+        mp.undo()
+        with application.app_context():
+            db.session.remove()
+            db.engine.dispose()
 
 
 @pytest.fixture

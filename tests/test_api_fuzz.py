@@ -33,7 +33,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import _ENV_KEYS, ApiClient, make_app, register_model
+from tests.conftest import ApiClient, register_model, route_sweep_app
 from webapp.validation import REASONS
 
 EXAMPLES_PER_ROUTE = int(os.environ.get("FUZZ_EXAMPLES", "25"))
@@ -298,14 +298,6 @@ def admin_client(app):
     return SimpleNamespace(client=client, csrf=token)
 
 
-def database(request) -> dict:
-    """``RLHF_TEST_DATABASE=postgresql`` runs the module on a PostgreSQL database of its own (as
-    it does for the ``app`` fixture); SQLite in the instance folder otherwise."""
-    if os.environ.get("RLHF_TEST_DATABASE", "sqlite") == "postgresql":
-        return {"SQLALCHEMY_DATABASE_URI": request.getfixturevalue("postgres_server").create_database()}
-    return {}
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, micro_model_dir, request):
     """One app for the whole module, seeded with chat data of two users, versions, experiments
@@ -314,64 +306,51 @@ def world(tmp_path_factory, micro_model_dir, request):
     from webapp.extensions import db
     from webapp.models import Experiment, TrainingRun
 
-    mp = pytest.MonkeyPatch()
-    for key in _ENV_KEYS:
-        mp.delenv(key, raising=False)
-    mp.setattr("webapp.api.admin.spawn_training", lambda *a, **k: SimpleNamespace(pid=0))
-    limit = "1000000 per minute"  # rate limits are not what this module tests
-    app = make_app(tmp_path_factory.mktemp("fuzz") / "instance", **database(request),
-                   RLHF_MAX_NEW_TOKENS=4, RLHF_RETRAIN_MIN_FEEDBACK=0,
-                   RLHF_LOGIN_RATE_LIMIT=limit, RLHF_CHAT_RATE_LIMIT=limit, RLHF_CHAT_RATE_LIMIT_PER_ADDRESS=limit,
-                   RLHF_FEEDBACK_RATE_LIMIT=limit, RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS=limit)
-    register_model(app, micro_model_dir)
-    register_model(app, micro_model_dir, name="v2-ppo", status="candidate")
-    register_model(app, micro_model_dir, name="v3-ppo", status="candidate")
-    with app.app_context():
-        set_admin_password("root", ADMIN_PASSWORD)
-        db.session.add_all([
-            Experiment(key="exp-draft", control_version_id=1, variant_version_id=2, status="draft"),
-            Experiment(key="exp-stopped", control_version_id=1, variant_version_id=3, status="stopped"),
-            TrainingRun(status="succeeded", algorithm="ppo")])
-        db.session.commit()
-    users = {}
-    for name in ("other", "owner"):  # the owner's rows come second: ids 1..12 hit both users' objects
-        user = ApiClient(app.test_client())
-        conv = user.post("/api/conversations", json={"title": f"{name}'s chat"}).get_json()["id"]
-        answer = user.post(f"/api/conversations/{conv}/messages", json={"content": "How do I cook rice?",
-                                                                       "stream": False}).get_json()
-        user.post(f"/api/messages/{answer['assistant_message']['id']}/feedback", json={"thumb": "up"})
-        pair = user.post(f"/api/conversations/{conv}/compare", json={"content": "And pasta?"}).get_json()
-        assert pair["pair_id"], pair
-        users[name] = user
-    # the owner's objects (and the admin's) named in the paths of valid requests
-    valid = {"conversation_id": str(conv), "message_id": str(answer["assistant_message"]["id"]),
-             "pair_id": str(pair["pair_id"]), "version_id": "2", "run_id": "1", "key": "exp-draft"}
-    admin = admin_client(app)
-    with app.app_context():  # a running experiment, so routing, compare and metrics take their A/B paths
-        db.session.add(Experiment(key="exp-run", control_version_id=1, variant_version_id=2, status="running"))
-        db.session.commit()
-    started = time.perf_counter()
-    with app.app_context():
-        tables = sa.inspect(db.engine).get_table_names()
-    yield SimpleNamespace(app=app, owner=users["owner"], other=users["other"], admin=admin, valid=valid,
-                          tables=tables, rules={r.endpoint: r for r in app.url_map.iter_rules()})
-    elapsed = time.perf_counter() - started
-    random_cases = sum(n for (kind, _), n in RUN_COUNTS.items() if kind == "random")
-    edge_cases_run = sum(n for (kind, _), n in RUN_COUNTS.items() if kind == "edge")
-    routes = {endpoint for _, endpoint in RUN_COUNTS}
-    line = (f"API fuzz: {random_cases + edge_cases_run} requests ({random_cases} random, {edge_cases_run} "
-            f"systematic edge cases) over {len(routes)} routes in {elapsed:.1f} s")
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is not None and capture is not None:
-        with capture.global_and_fixture_disabled():
-            reporter.write_line("\n" + line)
-    else:
-        print(line)
-    mp.undo()
-    with app.app_context():
-        db.session.remove()
-        db.engine.dispose()
+    with route_sweep_app(tmp_path_factory, request, "fuzz", micro_model_dir) as app:
+        register_model(app, micro_model_dir, name="v2-ppo", status="candidate")
+        register_model(app, micro_model_dir, name="v3-ppo", status="candidate")
+        with app.app_context():
+            set_admin_password("root", ADMIN_PASSWORD)
+            db.session.add_all([
+                Experiment(key="exp-draft", control_version_id=1, variant_version_id=2, status="draft"),
+                Experiment(key="exp-stopped", control_version_id=1, variant_version_id=3, status="stopped"),
+                TrainingRun(status="succeeded", algorithm="ppo")])
+            db.session.commit()
+        users = {}
+        for name in ("other", "owner"):  # the owner's rows come second: ids 1..12 hit both users' objects
+            user = ApiClient(app.test_client())
+            conv = user.post("/api/conversations", json={"title": f"{name}'s chat"}).get_json()["id"]
+            answer = user.post(f"/api/conversations/{conv}/messages", json={"content": "How do I cook rice?",
+                                                                           "stream": False}).get_json()
+            user.post(f"/api/messages/{answer['assistant_message']['id']}/feedback", json={"thumb": "up"})
+            pair = user.post(f"/api/conversations/{conv}/compare", json={"content": "And pasta?"}).get_json()
+            assert pair["pair_id"], pair
+            users[name] = user
+        # the owner's objects (and the admin's) named in the paths of valid requests
+        valid = {"conversation_id": str(conv), "message_id": str(answer["assistant_message"]["id"]),
+                 "pair_id": str(pair["pair_id"]), "version_id": "2", "run_id": "1", "key": "exp-draft"}
+        admin = admin_client(app)
+        with app.app_context():  # a running experiment, so routing, compare and metrics take their A/B paths
+            db.session.add(Experiment(key="exp-run", control_version_id=1, variant_version_id=2, status="running"))
+            db.session.commit()
+        started = time.perf_counter()
+        with app.app_context():
+            tables = sa.inspect(db.engine).get_table_names()
+        yield SimpleNamespace(app=app, owner=users["owner"], other=users["other"], admin=admin, valid=valid,
+                              tables=tables, rules={r.endpoint: r for r in app.url_map.iter_rules()})
+        elapsed = time.perf_counter() - started
+        random_cases = sum(n for (kind, _), n in RUN_COUNTS.items() if kind == "random")
+        edge_cases_run = sum(n for (kind, _), n in RUN_COUNTS.items() if kind == "edge")
+        routes = {endpoint for _, endpoint in RUN_COUNTS}
+        line = (f"API fuzz: {random_cases + edge_cases_run} requests ({random_cases} random, {edge_cases_run} "
+                f"systematic edge cases) over {len(routes)} routes in {elapsed:.1f} s")
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line("\n" + line)
+        else:
+            print(line)
 
 
 def _reset(world) -> None:

@@ -16,7 +16,6 @@ Requests carry the caller's valid CSRF token: what is tested is who may do what,
 from __future__ import annotations
 
 import itertools
-import os
 import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -25,7 +24,7 @@ from typing import Callable
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import _ENV_KEYS, make_app, register_model
+from tests.conftest import register_model, route_sweep_app
 
 ROLES = ("anonymous", "other", "owner", "admin")
 ADMIN_PASSWORD = "authz-admin-pass"
@@ -247,14 +246,6 @@ def _csrf_from_login_page(client) -> str:
     return re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
 
 
-def database(request) -> dict:
-    """``RLHF_TEST_DATABASE=postgresql`` runs the module on a PostgreSQL database of its own (as
-    it does for the ``app`` fixture); SQLite in the instance folder otherwise."""
-    if os.environ.get("RLHF_TEST_DATABASE", "sqlite") == "postgresql":
-        return {"SQLALCHEMY_DATABASE_URI": request.getfixturevalue("postgres_server").create_database()}
-    return {}
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, micro_model_dir, request):
     """One app for the module: the micro model as the active version, an admin, a chat user who
@@ -264,38 +255,25 @@ def world(tmp_path_factory, micro_model_dir, request):
     from webapp.extensions import db
     from webapp.models import Experiment, ModelVersion, User
 
-    mp = pytest.MonkeyPatch()
-    for key in _ENV_KEYS:
-        mp.delenv(key, raising=False)
-    mp.setattr("webapp.api.admin.spawn_training", lambda *a, **k: SimpleNamespace(pid=0))
-    limit = "100000 per minute"  # rate limits are not what this module tests
-    app = make_app(tmp_path_factory.mktemp("authz") / "instance", **database(request),
-                   RLHF_MAX_NEW_TOKENS=4, RLHF_RETRAIN_MIN_FEEDBACK=0,
-                   RLHF_LOGIN_RATE_LIMIT=limit, RLHF_CHAT_RATE_LIMIT=limit, RLHF_CHAT_RATE_LIMIT_PER_ADDRESS=limit,
-                   RLHF_FEEDBACK_RATE_LIMIT=limit, RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS=limit)
-    register_model(app, micro_model_dir)
-    register_model(app, micro_model_dir, name="v2-ppo", status="retired")
-    with app.app_context():
-        set_admin_password("root", ADMIN_PASSWORD)
-        owner, other = User(anon_id="authz-owner-cookie-id"), User(anon_id="authz-other-cookie-id")
-        db.session.add_all([owner, other, Experiment(key="seed", control_version_id=1, variant_version_id=2,
-                                                     status="concluded", decision="keep_control")])
-        db.session.commit()
-        owner_id, other_id = owner.id, other.id
-        model_path = db.session.get(ModelVersion, 1).path
-    admin = app.test_client()
-    token = _csrf_from_login_page(admin)
-    assert admin.post("/admin/login", data={"username": "root", "password": ADMIN_PASSWORD,
-                                            "csrf_token": token}).status_code == 302
-    with admin.session_transaction() as sess:
-        admin_session = dict(sess)
-    world = SimpleNamespace(app=app, owner_id=owner_id, other_id=other_id, model_path=model_path,
-                            admin_session=admin_session)
-    yield world
-    mp.undo()
-    with app.app_context():
-        db.session.remove()
-        db.engine.dispose()
+    with route_sweep_app(tmp_path_factory, request, "authz", micro_model_dir) as app:
+        register_model(app, micro_model_dir, name="v2-ppo", status="retired")
+        with app.app_context():
+            set_admin_password("root", ADMIN_PASSWORD)
+            owner, other = User(anon_id="authz-owner-cookie-id"), User(anon_id="authz-other-cookie-id")
+            db.session.add_all([owner, other, Experiment(key="seed", control_version_id=1, variant_version_id=2,
+                                                         status="concluded", decision="keep_control")])
+            db.session.commit()
+            owner_id, other_id = owner.id, other.id
+            model_path = db.session.get(ModelVersion, 1).path
+        admin = app.test_client()
+        token = _csrf_from_login_page(admin)
+        assert admin.post("/admin/login", data={"username": "root", "password": ADMIN_PASSWORD,
+                                                "csrf_token": token}).status_code == 302
+        with admin.session_transaction() as sess:
+            admin_session = dict(sess)
+        world = SimpleNamespace(app=app, owner_id=owner_id, other_id=other_id, model_path=model_path,
+                                admin_session=admin_session)
+        yield world
 
 
 def client_as(world, role: str):
