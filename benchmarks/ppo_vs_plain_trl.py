@@ -13,11 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +26,7 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer  # noqa: E402
 
+from benchmarks.stage_timing import preference_pairs, stage_result, time_side_by_side  # noqa: E402
 from rlhf import corpus  # noqa: E402
 from rlhf.policy_training import PolicySettings, train_ppo  # noqa: E402
 from rlhf.reward_model import RewardSettings, train_reward_model  # noqa: E402
@@ -71,45 +69,28 @@ def main() -> None:
     policy_dir = cached_model("default")
     work = Path(tempfile.mkdtemp(prefix="bench-ppo-"))
 
-    rng = random.Random(0)
-    pairs = []
-    for _ in range(120):
-        topic = rng.choice(corpus.TOPICS)
-        task = rng.choice(topic.tasks)
-        q = [{"role": "user", "content": rng.choice(corpus.TASK_QUESTIONS).format(task=task.phrase)}]
-        pairs.append({"prompt": q, "margin": 1.0,
-                      "chosen": [{"role": "assistant", "content": corpus.make_answer(rng, "helpful", topic, task)}],
-                      "rejected": [{"role": "assistant", "content": corpus.make_answer(rng, "rude", topic, task)}]})
+    pairs = preference_pairs(120, 0)
     train_reward_model(policy_dir, pairs, [], work / "reward", RewardSettings(), device="cpu")
     prompts = [[{"role": "user", "content": q}] for q in corpus.sample_prompts(128)]
     settings = PolicySettings(episodes=args.episodes)
 
-    times: dict[str, list[tuple[float, float]]] = {"ours": [], "plain": []}  # (wall s, CPU s) per run
-    runs = {"ours": lambda i: train_ppo(policy_dir, work / "reward", prompts, work / f"ours-{i}", settings, device="cpu"),
-            "plain": lambda i: plain_trl_ppo(policy_dir, work / "reward", prompts, work / f"plain-{i}", settings)}
+    def ours(i: int) -> None:
+        train_ppo(policy_dir, work / "reward", prompts, work / f"ours-{i}", settings, device="cpu")
+
+    def plain(i: int) -> None:
+        plain_trl_ppo(policy_dir, work / "reward", prompts, work / f"plain-{i}", settings)
+
     # warm-up: both once, one PPO batch, so that first-use costs (imports, lazy initialisation) land on neither
     short = PolicySettings(episodes=settings.batch_size, max_steps=1)
     train_ppo(policy_dir, work / "reward", prompts, work / "warm-ours", short, device="cpu")
     plain_trl_ppo(policy_dir, work / "reward", prompts, work / "warm-plain", short)
-    for i in range(args.repeats):
-        for name in ("ours", "plain") if i % 2 == 0 else ("plain", "ours"):  # alternate who goes first
-            t, c = time.perf_counter(), time.process_time()
-            runs[name](i)
-            times[name].append((time.perf_counter() - t, time.process_time() - c))
-        print(f"repeat {i + 1}: ours {times['ours'][-1][0]:.1f} s, plain TRL {times['plain'][-1][0]:.1f} s", flush=True)
-    ours, plain = [w for w, _ in times["ours"]], [w for w, _ in times["plain"]]
-    mo, mp = statistics.median(ours), statistics.median(plain)
-    co, cp = (statistics.median(c for _, c in times[k]) for k in ("ours", "plain"))
-    print(f"PPO stage, {args.episodes} episodes, median of {args.repeats}: ours {mo:.1f} s, plain TRL {mp:.1f} s, "
-          f"ratio {mo / mp:.3f} (CPU time ratio {co / cp:.3f}; target <= {TARGET_RATIO})")
+    result = {"stage": "ppo", "episodes": args.episodes, "repeats": args.repeats,
+              **stage_result(time_side_by_side(ours, plain, args.repeats), TARGET_RATIO)}
+    print(f"PPO stage, {args.episodes} episodes, median of {args.repeats}: ours {result['ours_s']:.1f} s, "
+          f"plain TRL {result['plain_trl_s']:.1f} s, ratio {result['ratio']:.3f} "
+          f"(CPU time ratio {result['cpu_ratio']:.3f}; target <= {TARGET_RATIO})")
     if args.json:
-        args.json.write_text(json.dumps({
-            "stage": "ppo", "episodes": args.episodes, "repeats": args.repeats, "ours_s": round(mo, 2),
-            "plain_trl_s": round(mp, 2), "ratio": round(mo / mp, 3), "target_ratio": TARGET_RATIO,
-            "met": mo / mp <= TARGET_RATIO, "ours_cpu_s": round(co, 2), "plain_trl_cpu_s": round(cp, 2),
-            "cpu_ratio": round(co / cp, 3), "ours_runs_s": [round(x, 2) for x in ours],
-            "plain_runs_s": [round(x, 2) for x in plain]}, indent=2))
-
+        args.json.write_text(json.dumps(result, indent=2))
 
 if __name__ == "__main__":
     main()

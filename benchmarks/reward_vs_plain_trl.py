@@ -18,11 +18,9 @@ import argparse
 import json
 import math
 import os
-import random
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,24 +32,11 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: E402
 
-from rlhf import corpus  # noqa: E402
+from benchmarks.stage_timing import preference_pairs, stage_result, time_side_by_side  # noqa: E402
 from rlhf.reward_model import RewardSettings, context_length, train_reward_model  # noqa: E402
 from tests.conftest import cached_model  # noqa: E402
 
 TARGET_RATIO = 1.05
-
-
-def preference_pairs(n: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    pairs = []
-    for _ in range(n):
-        topic = rng.choice(corpus.TOPICS)
-        task = rng.choice(topic.tasks)
-        q = [{"role": "user", "content": rng.choice(corpus.TASK_QUESTIONS).format(task=task.phrase)}]
-        pairs.append({"prompt": q, "margin": 1.0,
-                      "chosen": [{"role": "assistant", "content": corpus.make_answer(rng, "helpful", topic, task)}],
-                      "rejected": [{"role": "assistant", "content": corpus.make_answer(rng, "rude", topic, task)}]})
-    return pairs
 
 
 def plain_trl_reward(policy_dir: Path, pairs: list[dict], out_dir: Path, s: RewardSettings) -> None:
@@ -86,7 +71,6 @@ def main() -> None:
     train, held_out = preference_pairs(args.pairs, 0), preference_pairs(max(8, args.pairs // 4), 1)
     settings = RewardSettings()
 
-    times: dict[str, list[tuple[float, float]]] = {"ours": [], "plain": []}  # (wall s, CPU s) per run
     accuracy, metrics = [], {}
 
     def ours(i: int) -> None:
@@ -101,25 +85,13 @@ def main() -> None:
     short = RewardSettings(max_steps=2, min_steps=1)
     train_reward_model(policy_dir, train[:32], held_out[:8], work / "warm-ours", short, device="cpu")
     plain_trl_reward(policy_dir, train[:32], work / "warm-plain", short)
-    for i in range(args.repeats):
-        order = [("ours", ours), ("plain", plain)]
-        for name, run in order if i % 2 == 0 else order[::-1]:  # alternate who goes first
-            torch.manual_seed(0)
-            t, c = time.perf_counter(), time.process_time()
-            run(i)
-            times[name].append((time.perf_counter() - t, time.process_time() - c))
-        print(f"repeat {i + 1}: ours {times['ours'][-1][0]:.1f} s, plain TRL {times['plain'][-1][0]:.1f} s", flush=True)
-    mo, mp = (statistics.median(w for w, _ in times[k]) for k in ("ours", "plain"))
-    co, cp = (statistics.median(c for _, c in times[k]) for k in ("ours", "plain"))
+    times = time_side_by_side(ours, plain, args.repeats, before_each=lambda: torch.manual_seed(0))
     result = {"stage": "reward", "pairs": args.pairs, "held_out_pairs": len(held_out), "repeats": args.repeats,
-              "steps": metrics["steps"], "ours_s": round(mo, 2), "plain_trl_s": round(mp, 2),
-              "ratio": round(mo / mp, 3), "target_ratio": TARGET_RATIO, "met": mo / mp <= TARGET_RATIO,
-              "ours_cpu_s": round(co, 2), "plain_trl_cpu_s": round(cp, 2), "cpu_ratio": round(co / cp, 3),
-              "ours_runs_s": [round(w, 2) for w, _ in times["ours"]],
-              "plain_runs_s": [round(w, 2) for w, _ in times["plain"]],
+              "steps": metrics["steps"], **stage_result(times, TARGET_RATIO),
               "heldout_accuracy": statistics.median(accuracy)}
-    print(f"reward stage, {args.pairs} pairs ({metrics['steps']} steps), median of {args.repeats}: ours {mo:.1f} s, "
-          f"plain TRL {mp:.1f} s, ratio {mo / mp:.3f} (CPU time ratio {co / cp:.3f}; target <= {TARGET_RATIO}); "
+    print(f"reward stage, {args.pairs} pairs ({metrics['steps']} steps), median of {args.repeats}: ours "
+          f"{result['ours_s']:.1f} s, plain TRL {result['plain_trl_s']:.1f} s, ratio {result['ratio']:.3f} "
+          f"(CPU time ratio {result['cpu_ratio']:.3f}; target <= {TARGET_RATIO}); "
           f"held-out accuracy {result['heldout_accuracy']:.2f}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
