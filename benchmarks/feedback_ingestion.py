@@ -134,12 +134,9 @@ class MinimalServer:
         raise RuntimeError("minimal server did not start:\n" + self.log_path.read_text(errors="replace"))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        from tests.live_server import stop_process
+
+        stop_process(self.proc)
         self._log.close()
 
 
