@@ -221,3 +221,35 @@ class ApiClient:
 
     def delete(self, url, **kw):
         return self._send("delete", url, None, **kw)
+
+
+def sse_events(resp) -> list[tuple[str, dict]]:
+    """The (event, data) pairs of a streamed answer's server-sent events."""
+    events = []
+    for block in resp.get_data(as_text=True).split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "event" in lines:
+            events.append((lines["event"], json.loads(lines["data"])))
+    return events
+
+
+def flask_cli(*args: str):
+    """Run ``flask --app webapp ARGS`` in-process (the app from the environment's settings)."""
+    from click.testing import CliRunner
+    from flask.cli import FlaskGroup
+
+    from webapp import create_app
+
+    return CliRunner().invoke(FlaskGroup(create_app=lambda: create_app()), list(args))
+
+
+def runs_and_versions(instance: Path) -> tuple[list[tuple], list[tuple]]:
+    """(status, error) of every training run and (name, status) of every model version."""
+    from webapp.extensions import db
+    from webapp.models import ModelVersion, TrainingRun
+
+    app = make_app(instance)
+    with app.app_context():
+        runs = [(r.status, r.error) for r in db.session.scalars(db.select(TrainingRun).order_by(TrainingRun.id))]
+        versions = [(v.name, v.status) for v in db.session.scalars(db.select(ModelVersion).order_by(ModelVersion.id))]
+    return runs, versions

@@ -25,6 +25,23 @@ def corpus_answer(question: str, rng: random.Random) -> str:
     return corpus.make_answer(rng, quality, topic, task)
 
 
+def add_exchange(user_id: int, question: str, answers: list[str], version_id: int | None = None
+                 ) -> tuple[Message, list[Message]]:
+    """A new conversation of ``user_id``: ``question`` and its ``answers`` (siblings, by
+    ``version_id``). Flushed, not committed; call inside an app context."""
+    conv = Conversation(user_id=user_id, title=question)
+    db.session.add(conv)
+    db.session.flush()
+    q = Message(conversation_id=conv.id, role="user", content=question)
+    db.session.add(q)
+    db.session.flush()
+    out = [Message(conversation_id=conv.id, role="assistant", content=text, parent_id=q.id,
+                   model_version_id=version_id) for text in answers]
+    db.session.add_all(out)
+    db.session.flush()
+    return q, out
+
+
 def seed_feedback(app, conversations: int, preference: str = "polite", seed: int = 0,
                   answer_fn: AnswerFn = corpus_answer, correction_rate: float = 0.15, vote_rate: float = 0.3,
                   noise: float = 0.05) -> int:
@@ -40,19 +57,8 @@ def seed_feedback(app, conversations: int, preference: str = "polite", seed: int
             db.session.add(user)
             db.session.flush()
             question = questions[i % len(questions)]
-            conv = Conversation(user_id=user.id, title=question)
-            db.session.add(conv)
-            db.session.flush()
-            q = Message(conversation_id=conv.id, role="user", content=question)
-            db.session.add(q)
-            db.session.flush()
-            answers = []
-            for _ in range(2):
-                a = Message(conversation_id=conv.id, role="assistant", content=answer_fn(question, rng),
-                            parent_id=q.id, model_version_id=version.id if version else None)
-                db.session.add(a)
-                answers.append(a)
-            db.session.flush()
+            q, answers = add_exchange(user.id, question, [answer_fn(question, rng) for _ in range(2)],
+                                      version.id if version else None)
             sats = []
             for a in answers:
                 sat = prefer(question, a.content)

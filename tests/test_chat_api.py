@@ -5,18 +5,10 @@ import json
 
 import pytest
 
+from tests.conftest import sse_events
 from tests.conftest import ApiClient, register_model
 from webapp.extensions import db
 from webapp.models import Assignment, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion
-
-
-def sse_events(resp) -> list[tuple[str, dict]]:
-    events = []
-    for block in resp.get_data(as_text=True).split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
-        if "event" in lines:
-            events.append((lines["event"], json.loads(lines["data"])))
-    return events
 
 
 def counts(app) -> dict[str, int]:

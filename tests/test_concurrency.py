@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from tests.conftest import make_app, register_model
+from tests.feedback_factory import add_exchange
 from tests.live_server import LiveServer
 from webapp.extensions import db
 from webapp.models import Comparison, Conversation, Feedback, Message, ModelVersion, User
@@ -94,17 +95,7 @@ def seed(app) -> tuple[dict, dict, list[int], list[int], list[int]]:
         db.session.flush()
 
         def exchange(user: User, question: str, answers: int = 1) -> tuple[Message, list[Message]]:
-            conv = Conversation(user_id=user.id, title=question)
-            db.session.add(conv)
-            db.session.flush()
-            q = Message(conversation_id=conv.id, role="user", content=question)
-            db.session.add(q)
-            db.session.flush()
-            out = [Message(conversation_id=conv.id, role="assistant", content=f"Answer {k}.", parent_id=q.id,
-                           model_version_id=version.id) for k in range(answers)]
-            db.session.add_all(out)
-            db.session.flush()
-            return q, out
+            return add_exchange(user.id, question, [f"Answer {k}." for k in range(answers)], version.id)
 
         rater_targets = [exchange(users[f"rater-{i}"], "How do I cook rice?")[1][0].id for i in range(RATERS)]
         burst_targets = [exchange(users["burster"], f"Question {r} about sleep?")[1][0].id

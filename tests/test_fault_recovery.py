@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 import requests
-from click.testing import CliRunner
-from flask.cli import FlaskGroup
 
 from rlhf import registry
-from tests.conftest import ROOT, make_app, register_model
+from tests.conftest import ROOT, make_app, register_model, sse_events
+from tests.conftest import flask_cli as cli
+from tests.conftest import runs_and_versions as state
 from tests.feedback_factory import seed_feedback
-from webapp import create_app
 from webapp.admin_auth import set_admin_password
 from webapp.extensions import db
 from webapp.models import AuditEvent, Message, ModelVersion, TrainingRun
@@ -38,15 +37,6 @@ def dashboard(app) -> str:
     resp = client.post("/admin/login", data={"username": "root", "password": "correct horse", "csrf_token": token})
     assert resp.status_code == 302
     return client.get("/admin/").get_data(as_text=True)
-
-
-def sse_events(resp) -> list[tuple[str, dict]]:
-    events = []
-    for block in resp.get_data(as_text=True).split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
-        if "event" in lines:
-            events.append((lines["event"], json.loads(lines["data"])))
-    return events
 
 
 # ---------------------------------------------------------------------------- a broken active version
@@ -197,18 +187,6 @@ def instance(tmp_path, micro_model_dir, monkeypatch):
     for k, v in FAST.items():
         monkeypatch.setenv(k, v)
     return inst
-
-
-def cli(*args):
-    return CliRunner().invoke(FlaskGroup(create_app=lambda: create_app()), list(args))
-
-
-def state(inst):
-    app = make_app(inst)
-    with app.app_context():
-        runs = [(r.status, r.error) for r in db.session.scalars(db.select(TrainingRun).order_by(TrainingRun.id))]
-        versions = [(v.name, v.status) for v in db.session.scalars(db.select(ModelVersion).order_by(ModelVersion.id))]
-    return runs, versions
 
 
 class _Os:

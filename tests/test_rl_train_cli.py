@@ -5,15 +5,14 @@ import fcntl
 import json
 
 import pytest
-from click.testing import CliRunner
-from flask.cli import FlaskGroup
 
 from rlhf import registry
+from tests.conftest import flask_cli as cli
+from tests.conftest import runs_and_versions as state
 from tests.conftest import make_app, register_model
 from tests.feedback_factory import seed_feedback
-from webapp import create_app
 from webapp.extensions import db
-from webapp.models import Conversation, ModelVersion, TrainingRun
+from webapp.models import Conversation, TrainingRun
 
 pytestmark = pytest.mark.slow
 
@@ -29,18 +28,6 @@ def instance(tmp_path, micro_model_dir, monkeypatch):
     for k, v in FAST.items():
         monkeypatch.setenv(k, v)
     return inst
-
-
-def cli(*args):
-    return CliRunner().invoke(FlaskGroup(create_app=lambda: create_app()), list(args))
-
-
-def state(inst):
-    app = make_app(inst)
-    with app.app_context():
-        runs = [(r.status, r.error) for r in db.session.scalars(db.select(TrainingRun).order_by(TrainingRun.id))]
-        versions = [(v.name, v.status) for v in db.session.scalars(db.select(ModelVersion).order_by(ModelVersion.id))]
-    return runs, versions
 
 
 def test_refuses_without_enough_feedback(instance):

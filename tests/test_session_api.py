@@ -1,6 +1,7 @@
 """Anonymous sessions, CSRF tokens and JSON errors."""
 from __future__ import annotations
 
+from tests.feedback_factory import add_exchange
 from webapp.extensions import db
 from webapp.models import User
 
@@ -25,18 +26,8 @@ def test_cookie_expiry_is_renewed_on_page_loads_not_on_every_write(app, client):
     leave the cookie alone, reads (the page and /api/session load on every visit) renew it."""
     data = client.get("/api/session").get_json()
     with app.app_context():
-        from webapp.models import Conversation, Message
-
-        conv = Conversation(user_id=data["user_id"], title="t")
-        db.session.add(conv)
-        db.session.flush()
-        q = Message(conversation_id=conv.id, role="user", content="q")
-        db.session.add(q)
-        db.session.flush()
-        a = Message(conversation_id=conv.id, role="assistant", content="a", parent_id=q.id)
-        db.session.add(a)
+        answer_id = add_exchange(data["user_id"], "q", ["a"])[1][0].id
         db.session.commit()
-        answer_id = a.id
     headers = {"X-CSRFToken": data["csrf_token"]}
     first = client.post(f"/api/messages/{answer_id}/feedback", json={"thumb": "up"}, headers=headers)
     assert first.status_code == 200
