@@ -360,15 +360,14 @@ def _upsert_feedback(user_id: int, message_id: int, changes: dict[str, Any]) -> 
 @feedback_limit
 def post_feedback(message_id: int):
     data = json_body({"thumb", "rating", "correction", "comment", "reasons"})
-    owner = _own_answer_of_visitor(message_id)
-    if owner is None:  # not the common case: an admin, a new visitor, or an error (404/400) to report
+    user_id = _own_answer_of_visitor(message_id)
+    if user_id is None:  # not the common case: an admin, a new visitor, or an error (404/400) to report
         user = current_visitor()
         msg = own_message(message_id, user)
         if msg.role != "assistant":
             raise BadRequest("Feedback can only be given on assistant answers.")
-        owner = user.id
+        user_id = user.id
     changes = feedback_changes(data)
-    user_id = owner
     body = _upsert_feedback(user_id, message_id, changes)
     if body is not None:
         return jsonify(feedback=body, message_id=message_id)
