@@ -21,8 +21,9 @@ PLAIN_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
 )
 
-# Generation also stops where the model starts writing the user's next turn.
-STOP_STRINGS: tuple[str, ...] = ("\nUser:",)
+# Generation also stops where the model starts writing a new turn of either role (the plain
+# template's role markers; other templates get theirs from ``turn_markers``).
+STOP_STRINGS: tuple[str, ...] = ("\nUser:", "\nAssistant:")
 
 PAD_TOKEN = "<|pad|>"
 
@@ -56,3 +57,44 @@ def prepare_model_and_tokenizer(model: Any, tokenizer: Any) -> None:
 def render_prompt(tokenizer: Any, messages: list[dict]) -> str:
     """The conversation as text, ending with the assistant generation prompt."""
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+_PROBE = [{"role": "user", "content": "\x01u1"}, {"role": "assistant", "content": "\x01a1"},
+          {"role": "user", "content": "\x01u2"}, {"role": "assistant", "content": "\x01a2"}]
+
+
+def _template_gaps(tokenizer: Any) -> list[str] | None:
+    """The text a chat template writes between an assistant answer and the next user turn, and
+    between that user turn and the next answer (None if the template cannot render the probe)."""
+    try:
+        text = tokenizer.apply_chat_template(_PROBE, tokenize=False)
+        a1, u2, a2 = (text.index(m) for m in ("\x01a1", "\x01u2", "\x01a2"))
+    except Exception:  # templates that reject the probe conversation: the plain markers only
+        return None
+    return [text[a1 + 3:u2], text[u2 + 3:a2]]
+
+
+def turn_markers(tokenizer: Any) -> tuple[tuple[str, ...], frozenset[int]]:
+    """What ends an answer for this tokenizer's chat template: the stop strings (role markers the
+    template writes as plain text, e.g. "\nUser:" and "\nAssistant:") and the token ids of
+    EOS and of the template's end-of-turn token (e.g. ChatML's ``<|im_end|>``)."""
+    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    gaps = _template_gaps(tokenizer)
+    if gaps is None:
+        return STOP_STRINGS, frozenset(eos)
+    special = sorted({t for t in (list(getattr(tokenizer, "all_special_tokens", []))
+                                  + [str(t) for t in getattr(tokenizer, "get_added_vocab", dict)()]) if t},
+                     key=len, reverse=True)
+    stops: list[str] = []
+    for gap in gaps:
+        rest = gap
+        first_special = next((t for t in special if rest.lstrip().startswith(t)), None)
+        if first_special is not None and first_special != getattr(tokenizer, "pad_token", None):
+            eos.add(tokenizer.convert_tokens_to_ids(first_special))  # the end-of-turn token
+        for tok in special:
+            rest = rest.replace(tok, "")
+        marker = rest.strip()
+        # a plain-text role marker ("User:", "### Assistant:"): stop where a new line starts it
+        if marker and ":" in marker and "\n" not in marker:
+            stops.append("\n" + marker)
+    return (tuple(dict.fromkeys(stops)) or STOP_STRINGS), frozenset(i for i in eos if isinstance(i, int))

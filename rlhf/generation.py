@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from transformers.cache_utils import DynamicLayer
 
-from .chat_format import STOP_STRINGS, render_prompt
+from .chat_format import STOP_STRINGS, render_prompt, turn_markers
 from .loading import load_causal_lm, resolve_device
 
 
@@ -159,15 +159,25 @@ RESULT_TIMEOUT_S = 600.0  # a reader gives up on a worker that sends nothing for
 DEFAULT_TOP_K = 50  # what model.generate() applies when the model's generation config has no top_k
 
 
-def _stop_prefix_len(text: str) -> int:
+def _stop_prefix_len(text: str, stops: tuple[str, ...] = STOP_STRINGS) -> int:
     """Length of the longest suffix of ``text`` that could begin a stop string."""
     best = 0
-    for stop in STOP_STRINGS:
+    for stop in stops:
         for n in range(min(len(stop) - 1, len(text)), 0, -1):
             if stop.startswith(text[-n:]):
                 best = max(best, n)
                 break
     return best
+
+
+def turn_markers_of(tokenizer: Any) -> tuple[tuple[str, ...], frozenset[int]]:
+    """``turn_markers`` of a loaded tokenizer, worked out once per tokenizer object (kept on it:
+    rendering the template for every request would cost more than a token)."""
+    markers = getattr(tokenizer, "_rlhf_turn_markers", None)
+    if markers is None or markers[0] != tokenizer.chat_template:
+        markers = (tokenizer.chat_template, turn_markers(tokenizer))
+        tokenizer._rlhf_turn_markers = markers
+    return markers[1]
 
 
 @dataclass
@@ -194,6 +204,7 @@ class _Row:
 
     def __init__(self, prompt_ids: list[int], settings: GenerationSettings, cancel: threading.Event,
                  tokenizer: Any) -> None:
+        self.stops, self.ends = turn_markers_of(tokenizer)
         self.prompt_ids = prompt_ids
         self.settings = settings
         self.cancel = cancel
@@ -227,20 +238,20 @@ class _Row:
         if not self.emitted:
             text = text.lstrip()  # answers start after "Assistant:" with a space
         # a stop string cannot start in text already handed out (that text never ends in a prefix of one)
-        cut = min((i for i in (text.find(s, self.emitted) for s in STOP_STRINGS) if i >= 0), default=-1)
+        cut = min((i for i in (text.find(s, self.emitted) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:
             self.text, self.finish = text[:cut], "stop_string"
             return
         self.text = text
-        safe = len(text) - _stop_prefix_len(text)  # hold back a tail that may begin a stop string
+        safe = len(text) - _stop_prefix_len(text, self.stops)  # hold back a tail that may begin a stop string
         if safe > self.emitted:
             self.out.put(text[self.emitted:safe])
             self.emitted = safe
 
-    def take(self, token_id: int, eos_id: int | None) -> None:
+    def take(self, token_id: int) -> None:
         """Add one generated token: hand out the text that is safe to show, note why it ends."""
         self.ids.append(token_id)
-        if token_id == eos_id:
+        if token_id in self.ends:  # EOS or the chat template's end-of-turn token
             self.finish = "eos"
             return
         piece = self._piece()
@@ -316,7 +327,6 @@ class _Batcher:
         self._logits_to_keep = "logits_to_keep" in params
         top_k = getattr(getattr(model, "generation_config", None), "top_k", None)
         self._top_k = DEFAULT_TOP_K if top_k is None else int(top_k)
-        self._eos = tok.eos_token_id
         self._pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
         self._warpers: dict[tuple, list] = {}
 
@@ -425,7 +435,7 @@ class _Batcher:
         cache, nxt = out.past_key_values, self._sample(out.logits[:, -1, :], rows).view(-1, 1)
         keep = []
         for i, (row, token) in enumerate(zip(rows, nxt.view(-1).tolist())):
-            row.take(token, self._eos)
+            row.take(token)
             if row.finish:
                 row.close()
             else:
@@ -463,7 +473,7 @@ class _Batcher:
         stats.max_rows = max(stats.max_rows, len(rows))
         batch.nxt = self._sample(out.logits[:, -1, :], rows).view(-1, 1)
         for row, token in zip(rows, batch.nxt.view(-1).tolist()):
-            row.take(token, self._eos)
+            row.take(token)
             if row.finish:
                 row.close()
 
@@ -629,7 +639,7 @@ def stream_chat(loaded: LoadedModel, messages: list[dict], settings: GenerationS
                 cancel: threading.Event | None = None) -> StreamHandle:
     """Start generating an answer to ``messages`` (in the model's batching worker) and return a
     handle whose ``chunks`` yields text as it is produced. Generation ends at EOS, at the start
-    of a new turn (``STOP_STRINGS``), at ``max_new_tokens`` or when ``cancel`` is set.
+    of a new turn (the template's role markers, ``turn_markers``), at ``max_new_tokens`` or when ``cancel`` is set.
     ``token_count`` counts the generated tokens, including the EOS or the one that completed a
     stop string; ``latency_ms`` runs from this call to the end of the answer."""
     started = time.perf_counter()

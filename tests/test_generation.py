@@ -5,8 +5,10 @@ import threading
 
 import pytest
 
-from rlhf.chat_format import STOP_STRINGS
-from rlhf.generation import GenerationSettings, ModelPool, _stop_prefix_len, fit_to_context, generate_chat, \
+import copy
+
+from rlhf.chat_format import STOP_STRINGS, turn_markers
+from rlhf.generation import GenerationSettings, ModelPool, _Row, _stop_prefix_len, fit_to_context, generate_chat, \
     stream_chat
 
 
@@ -53,7 +55,39 @@ def test_stop_string_prefixes_are_held_back():
     assert _stop_prefix_len("Hello\n") == 1
     assert _stop_prefix_len("Hello\nUse") == 4
     assert _stop_prefix_len("Hello") == 0
-    assert STOP_STRINGS == ("\nUser:",)
+    assert STOP_STRINGS == ("\nUser:", "\nAssistant:")
+    assert _stop_prefix_len("Hello\nAssis") == 6
+
+
+def _answer_of(tokenizer, text: str) -> _Row:
+    row = _Row([], GenerationSettings(max_new_tokens=200), threading.Event(), tokenizer)
+    for token in tokenizer(text, add_special_tokens=False)["input_ids"]:
+        row.take(token)
+        if row.finish:
+            break
+    row.close()
+    return row
+
+
+@pytest.mark.parametrize("leak", ["\nAssistant: I am trying to help.", "\nUser: and then?"])
+def test_an_answer_ends_where_the_model_starts_a_new_turn_of_either_role(loaded, leak):
+    row = _answer_of(loaded.tokenizer, " Rinse the rice first." + leak + "\nAssistant: more")
+    assert row.done.text == "Rinse the rice first." and row.done.finish == "stop_string"
+
+
+def test_the_templates_end_of_turn_token_ends_an_answer(loaded):
+    tok = copy.deepcopy(loaded.tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    stops, ends = turn_markers(tok)
+    assert end in ends and tok.eos_token_id in ends
+    row = _answer_of(tok, "Rinse the rice first.<|im_end|>\n<|im_start|>user\nmore")
+    assert row.done.text == "Rinse the rice first." and row.done.finish == "eos"
+    # a template with plain-text role markers gets them as stop strings
+    tok.chat_template = "{% for m in messages %}### {{ m['role'] | capitalize }}:\n{{ m['content'] }}\n\n{% endfor %}"
+    assert turn_markers(tok)[0] == ("\n### User:", "\n### Assistant:")
 
 
 def test_long_conversations_are_truncated_to_the_context_window(loaded):

@@ -42,21 +42,29 @@ def _write_all(writer: GroupCommitWriter, jobs: list[tuple[int, int | None]]
     return results, threads
 
 
+def _wait_until(condition, what: str, timeout: float = 60.0) -> None:
+    """Poll a state change of the writer (no assumption about how long anything takes)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.005)
+
+
 def test_writes_queued_behind_a_busy_database_commit_together(engine, tmp_path):
     writer = GroupCommitWriter(engine)
-    # another connection holds SQLite's write lock: the first write waits in the busy handler
-    # and the other 19 queue up behind it
+    # another connection holds SQLite's write lock: the first write, taken alone by the writer
+    # thread, waits in the busy handler, and the other 19 queue up behind it
     blocker = sqlite3.connect(tmp_path / "g.db", timeout=15)
     blocker.execute("BEGIN IMMEDIATE")
-    results, threads = _write_all(writer, [(k, 10 * k) for k in range(20)])
-    deadline = time.monotonic() + 30
-    while len(writer._queue) < 19 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(writer._queue) == 19
+    results, threads = _write_all(writer, [(0, 0)])
+    _wait_until(lambda: writer._thread is not None and not writer._queue, "the writer took the first write")
+    more, more_threads = _write_all(writer, [(k, 10 * k) for k in range(1, 20)])
+    _wait_until(lambda: len(writer._queue) == 19, "the other 19 writes are queued")
     blocker.rollback()
     blocker.close()
-    for t in threads:
+    for t in threads + more_threads:
         t.join(30)
+    results.update({i + 1: r for i, r in more.items()})
     assert results == {k: (k, 10 * k) for k in range(20)}  # each caller got its own row back
     assert writer.writes == 20 and writer.batches == 2  # the first alone, then the 19 queued ones at once
     with engine.connect() as conn:
