@@ -20,6 +20,7 @@ from .policy_training import ALGORITHMS, PolicySettings, train_dpo, train_kto, t
 from .preference_data import DataSettings, DatasetBundle, build_datasets
 from .records import ConversationRecord
 from .reward_model import RewardSettings, train_reward_model
+from .stage_sizing import DataSize, NotEnoughData, policy_prompts, size_stages  # noqa: F401 (NotEnoughData re-exported)
 
 ProgressFn = Callable[[str, int, int], None]
 LogFn = Callable[[str], None]
@@ -27,10 +28,6 @@ LogFn = Callable[[str], None]
 STAGES = ("data", "reward", "policy", "evaluate")
 # Share of the whole cycle each stage takes (for one overall progress number).
 STAGE_WEIGHTS = {"data": 0.05, "reward": 0.25, "policy": 0.5, "evaluate": 0.2}
-
-
-class NotEnoughData(ValueError):
-    """The feedback does not (yet) support a training cycle; the message says what is missing."""
 
 
 @dataclass(frozen=True)
@@ -75,20 +72,18 @@ def overall_progress(stage: str, done: int, total: int) -> float:
     return min(1.0, before + STAGE_WEIGHTS.get(stage, 0.0) * (done / max(1, total)))
 
 
+def fit_to_data(settings: CycleSettings, bundle: DatasetBundle) -> tuple[CycleSettings, list[str]]:
+    """``settings`` with each stage sized to the data (rlhf.stage_sizing), and what changed.
+    Raises NotEnoughData when a stage cannot train on it."""
+    reward, policy, notes = size_stages(settings.algorithm, settings.reward, settings.policy, DataSize.of(bundle),
+                                        settings.min_pairs, settings.min_prompts)
+    return replace(settings, reward=reward, policy=policy).validate(), notes
+
+
 def prepare_data(conversations: list[ConversationRecord], settings: CycleSettings) -> DatasetBundle:
+    """The cycle's datasets; raises NotEnoughData (before any training) if a stage could not use them."""
     bundle = build_datasets(conversations, settings.data)
-    n_pairs = len(bundle.pairs["train"])
-    if settings.algorithm == "kto":
-        labels = [r["label"] for r in bundle.kto["train"]]
-        if not any(labels) or all(labels):
-            raise NotEnoughData(f"not enough feedback yet: KTO needs both good and bad rated answers "
-                                f"(have {sum(labels)} good, {len(labels) - sum(labels)} bad)")
-    if n_pairs < settings.min_pairs:
-        raise NotEnoughData(f"not enough feedback yet: {n_pairs} preference pairs for training, "
-                            f"need at least {settings.min_pairs} (corrections, compare votes, or differing "
-                            "ratings on answers to the same question)")
-    if len(bundle.prompts["train"]) + len(bundle.prompts["eval"]) < settings.min_prompts:
-        raise NotEnoughData(f"not enough feedback yet: need at least {settings.min_prompts} user prompts")
+    fit_to_data(settings, bundle)
     return bundle
 
 
@@ -125,6 +120,9 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
     t0 = time.perf_counter()
     report("data", 0, 1)
     bundle = bundle or prepare_data(conversations, settings)
+    settings, notes = fit_to_data(settings, bundle)
+    for note in notes:
+        say(f"sized to the data: {note}")
     timings["data"] = time.perf_counter() - t0
     peaks["data"] = peak()
     report("data", 1, 1)
@@ -140,7 +138,7 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
         f"train accuracy {reward_metrics['train_accuracy']}")
 
     t0 = time.perf_counter()
-    train_prompts = [r["prompt"] for r in bundle.prompts["train"]] or [r["prompt"] for r in bundle.prompts["eval"]]
+    train_prompts = policy_prompts(bundle)
     algo = settings.algorithm
     if algo == "ppo":
         policy_metrics = train_ppo(parent_dir, reward_dir, train_prompts, policy_dir, settings.policy,

@@ -172,7 +172,7 @@ def route_sweep_app(tmp_path_factory, request, name: str, micro_model_dir: Path)
     mp = pytest.MonkeyPatch()
     for key in _ENV_KEYS:
         mp.delenv(key, raising=False)
-    mp.setattr("webapp.api.admin.spawn_training", lambda *a, **k: SimpleNamespace(pid=0))
+    mp.setattr("webapp.training.spawn_training", lambda *a, **k: (0, SimpleNamespace(pid=0)))
     overrides = {}
     if os.environ.get("RLHF_TEST_DATABASE", "sqlite") == "postgresql":
         overrides["SQLALCHEMY_DATABASE_URI"] = request.getfixturevalue("postgres_server").create_database()

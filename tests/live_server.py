@@ -37,7 +37,9 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(instance) / "server.log"
         Path(instance).mkdir(parents=True, exist_ok=True)
-        full_env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance), "PYTHONUNBUFFERED": "1", **(env or {})}
+        # the scheduler (on by default in `serve`) only where a test asks for it
+        full_env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance), "PYTHONUNBUFFERED": "1",
+                    "RLHF_SCHEDULER": "0", **(env or {})}
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "flask", "--app", "webapp", "serve", "--port", str(self.port), *(args or [])],

@@ -81,19 +81,23 @@ def test_retrain_only_past_the_threshold_and_never_twice(instance, micro_model_d
     seed_feedback(app, 8, seed=1)  # 16+ events
     with app.app_context():
         first = sched.retrain_tick()
-        assert first["action"] == "skip" and "waiting for 40" in first["reason"]
+        assert first["action"] == "skip" and first["reason"] == f"{first['new_events']} of 40 new feedback events since the last run"
+        assert 16 <= first["new_events"] < 40
     seed_feedback(app, 20, seed=2)
     with app.app_context():
         started = sched.retrain_tick()
         assert started["action"] == "train" and started["new_events"] >= 40
+        # the run row exists at once, before the child has started (queued), and names the child
+        queued = db.session.get(TrainingRun, started["run_id"])
+        assert queued.trigger == "schedule" and queued.pid == started["pid"]
         again = sched.retrain_tick()  # the child is still running: no second run
         assert again["action"] == "skip" and "in progress" in again["reason"]
     wait_children()
     with app.app_context():
         runs = db.session.scalars(db.select(TrainingRun)).all()
-        assert [(r.trigger, r.status) for r in runs] == [("schedule", "succeeded")]
+        assert [(r.id, r.trigger, r.status) for r in runs] == [(started["run_id"], "schedule", "succeeded")]
         after = sched.retrain_tick()  # nothing new since the run
-        assert after["action"] == "skip" and "0 new feedback events" in after["reason"]
+        assert after["action"] == "skip" and after["reason"].startswith("0 of 40 new feedback events")
 
 
 def test_tick_skips_while_another_process_trains(instance):
@@ -105,6 +109,7 @@ def test_tick_skips_while_another_process_trains(instance):
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         with app.app_context():
             assert sched.retrain_tick() == {"action": "skip", "reason": "a training run is in progress"}
+            assert sched.watchdog_tick() == {"action": "idle", "stopped": []}
             assert sched.housekeeping_tick()["recovered_runs"] == []
 
 
@@ -173,14 +178,14 @@ def test_jobs_persist_across_restarts(instance):
     app = make_app(instance, RLHF_RETRAIN_INTERVAL_SECONDS=3600.0)
     scheduler = sched.build_scheduler(app)
     scheduler.start(paused=True)
-    assert sorted(j.id for j in scheduler.get_jobs()) == ["experiment_monitor", "housekeeping", "retrain"]
+    assert sorted(j.id for j in scheduler.get_jobs()) == ["experiment_monitor", "housekeeping", "retrain", "watchdog"]
     scheduler.shutdown(wait=False)
     again = sched.build_scheduler(make_app(instance))  # a restart: jobs come back from the database
     again.start(paused=True)
-    assert len(again.get_jobs()) == 3
+    assert len(again.get_jobs()) == 4
     with app.app_context():
         listed = sched.scheduled_jobs()
-    assert {j["name"] for j in listed} == {"retrain", "experiment monitor", "housekeeping"}
+    assert {j["name"] for j in listed} == {"retrain", "experiment monitor", "housekeeping", "watchdog"}
     again.shutdown(wait=False)
 
 

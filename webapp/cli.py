@@ -85,8 +85,10 @@ def serve_command(host: str, port: int, threads: int, workers: int) -> None:
         _ensure_model()
     app = current_app._get_current_object()
     if app.config["RLHF_SCHEDULER"] and workers > 1:
-        raise click.ClickException("RLHF_SCHEDULER runs the scheduler inside one web worker; with --workers > 1 "
-                                   "run `flask --app webapp scheduler` as its own process instead")
+        raise click.ClickException(
+            f"the scheduler runs inside the web process (RLHF_SCHEDULER=1, the default) and would run once per "
+            f"worker with --workers {workers}: set RLHF_SCHEDULER=0 and run `flask --app webapp scheduler` as "
+            "its own process, or serve with --workers 1")
 
     class _Server(BaseApplication):
         def load_config(self) -> None:
@@ -101,9 +103,12 @@ def serve_command(host: str, port: int, threads: int, workers: int) -> None:
 
                 torch.set_num_threads(inference_threads)
             if app.config["RLHF_SCHEDULER"]:
-                from .scheduler import start_background
+                from .scheduler import SchedulerAlreadyRunning, start_background
 
-                start_background(app)
+                try:
+                    start_background(app)
+                except SchedulerAlreadyRunning as exc:  # e.g. `flask scheduler` runs it: serve without it
+                    click.echo(f"Warning: not starting the scheduler here: {exc}", err=True)
             return app
 
     click.echo(f"Serving on http://{host}:{port}/", err=True)
@@ -119,9 +124,10 @@ def serve_command(host: str, port: int, threads: int, workers: int) -> None:
 @click.option("--lora/--no-lora", default=None,
               help="Train a LoRA adapter; the new version is the adapter, served on its parent's weights.")
 @click.option("--trigger", type=click.Choice(["cli", "manual", "schedule"]), default="cli", hidden=True)
+@click.option("--run-id", type=int, default=None, hidden=True, help="Take over this queued run (the web app's).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON summary object at the end.")
 def rl_train_command(algorithm: str, min_feedback: int | None, max_steps: int | None, lora: bool | None,
-                     trigger: str, as_json: bool) -> None:
+                     trigger: str, run_id: int | None, as_json: bool) -> None:
     """Run one training cycle: feedback -> reward model -> policy -> evaluation gate -> new version.
 
     Exit codes: 0 new candidate version; 3 the evaluation gate rejected it (stored as failed);
@@ -140,7 +146,7 @@ def rl_train_command(algorithm: str, min_feedback: int | None, max_steps: int | 
         # Libraries print to stdout during training; keep stdout for the result alone.
         with bars, contextlib.redirect_stdout(sys.stderr):
             result = run_training(trigger=trigger, algorithm=algorithm, min_feedback=min_feedback,
-                                  max_steps=max_steps, lora=lora, bars=bars)
+                                  max_steps=max_steps, lora=lora, bars=bars, run_id=run_id, watchdog=True)
     except RunRefused as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(EXIT_REFUSED)
@@ -241,10 +247,14 @@ def scheduler_command() -> None:
     """Run the APScheduler loop (retrain, experiment monitor, housekeeping) as its own process."""
     import logging
 
-    from .scheduler import build_scheduler
+    from .scheduler import SchedulerAlreadyRunning, build_scheduler, claim_scheduler
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     app = current_app._get_current_object()
+    try:
+        claim_scheduler(app, "scheduler process")
+    except SchedulerAlreadyRunning as exc:
+        raise click.ClickException(str(exc)) from None
     scheduler = build_scheduler(app, blocking=True)
     click.echo("Scheduler running (Ctrl-C to stop). Jobs: " + ", ".join(
         f"{j.id} every {j.trigger.interval}" for j in scheduler.get_jobs()), err=True)

@@ -36,11 +36,20 @@ DEFAULTS: dict[str, Any] = {
     # model runs every answer as one batch; 1 is fastest for small models and on busy machines.
     "RLHF_INFERENCE_THREADS": 1,
     # Scheduler / continuous learning.
-    "RLHF_SCHEDULER": False,
+    # On by default: `serve` runs the retrain/monitor/housekeeping/watchdog jobs in its one process
+    # (with several workers, set it to 0 and run `flask --app webapp scheduler` once, separately).
+    "RLHF_SCHEDULER": True,
     "RLHF_RETRAIN_INTERVAL_SECONDS": 3600.0,
     "RLHF_RETRAIN_MIN_FEEDBACK": 50,  # new feedback events since the last successful run
     "RLHF_RETRAIN_ALGORITHM": "ppo",
-    "RLHF_TRAIN_THREADS": 0,  # torch threads of training processes (0: torch's default, all cores)
+    # torch threads of training processes (0: torch's default, all cores). 1 by default: on a small
+    # machine shared with the web server, torch's threads spin-wait for each other under load.
+    "RLHF_TRAIN_THREADS": 1,
+    # Watchdog of training runs: a run without progress for RLHF_RUN_STALL_SECONDS, or running
+    # longer than RLHF_RUN_MAX_SECONDS (0: a limit worked out from the data size), is stopped.
+    "RLHF_RUN_STALL_SECONDS": 600.0,
+    "RLHF_RUN_MAX_SECONDS": 0.0,
+    "RLHF_WATCHDOG_INTERVAL_SECONDS": 30.0,
     "RLHF_MONITOR_INTERVAL_SECONDS": 60.0,
     "RLHF_HOUSEKEEPING_INTERVAL_SECONDS": 3600.0,
     "RLHF_PRIMARY_METRIC": "thumbs_up_rate",
@@ -95,6 +104,9 @@ ENV_VARS: dict[str, str] = {
     "RLHF_RETRAIN_ALGORITHM": "RLHF_RETRAIN_ALGORITHM",
     "RLHF_TRAIN_THREADS": "RLHF_TRAIN_THREADS",
     "RLHF_MONITOR_INTERVAL_SECONDS": "RLHF_MONITOR_INTERVAL_SECONDS",
+    "RLHF_RUN_STALL_SECONDS": "RLHF_RUN_STALL_SECONDS",
+    "RLHF_RUN_MAX_SECONDS": "RLHF_RUN_MAX_SECONDS",
+    "RLHF_WATCHDOG_INTERVAL_SECONDS": "RLHF_WATCHDOG_INTERVAL_SECONDS",
     "RLHF_HOUSEKEEPING_INTERVAL_SECONDS": "RLHF_HOUSEKEEPING_INTERVAL_SECONDS",
     "RLHF_PRIMARY_METRIC": "RLHF_PRIMARY_METRIC",
     "RLHF_PROMOTE_ALPHA": "RLHF_PROMOTE_ALPHA",
@@ -205,6 +217,11 @@ def build_config(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         except ValueError:
             raise ConfigError(f"{key}={cfg[key]!r} is not a rate limit (e.g. '30 per minute' or "
                               "'30 per minute; 500 per day')") from None
+    for key in ("RLHF_RUN_STALL_SECONDS", "RLHF_WATCHDOG_INTERVAL_SECONDS"):
+        if not float(cfg[key]) > 0:
+            raise ConfigError(f"{key}={cfg[key]!r} must be a number of seconds above 0")
+    if float(cfg["RLHF_RUN_MAX_SECONDS"]) < 0:
+        raise ConfigError(f"RLHF_RUN_MAX_SECONDS={cfg['RLHF_RUN_MAX_SECONDS']!r} must be >= 0 (0: from the data size)")
     if cfg["RLHF_DEVICE"] not in ("auto", "cpu", "cuda") and not str(cfg["RLHF_DEVICE"]).startswith("cuda:"):
         raise ConfigError(f"RLHF_DEVICE={cfg['RLHF_DEVICE']!r} must be auto, cpu or cuda")
     return cfg

@@ -8,18 +8,27 @@
 * experiment_monitor -- every RLHF_MONITOR_INTERVAL_SECONDS: start an experiment for a new
                         candidate; conclude a running one by the promotion policy;
 * housekeeping       -- every RLHF_HOUSEKEEPING_INTERVAL_SECONDS: mark runs of dead processes
-                        failed, delete temporary model directories, prune old retired versions.
+                        failed, delete temporary model directories, prune old retired versions;
+* watchdog           -- every RLHF_WATCHDOG_INTERVAL_SECONDS: stop runs that stopped making
+                        progress or ran past their time limit (webapp.training.enforce_run_limits).
 
 Jobs live in the database (APScheduler's SQLAlchemyJobStore, table ``apscheduler_jobs``), so
-the schedule survives restarts. Run the scheduler either inside the web process
-(RLHF_SCHEDULER=1, one worker) or as its own process (``flask --app webapp scheduler``), not both.
+the schedule survives restarts. ``serve`` runs the scheduler in its process by default
+(RLHF_SCHEDULER=1, one worker); with several workers it runs as its own process (``flask --app
+webapp scheduler``). Only one scheduler runs per instance: it holds an exclusive ``flock`` on
+``<instance>/scheduler.lock`` while it lives, and writes what it did last to
+``<instance>/scheduler.json`` (the overview reads both).
 """
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
+import os
 import shutil
+import socket
 import subprocess
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -33,13 +42,19 @@ from .admin_auth import audit
 from .bootstrap import active_version
 from .experiments import running_experiment
 from .extensions import db
-from .models import Comparison, Experiment, Feedback, ModelVersion, TrainingRun, utcnow
+from .models import Experiment, ModelVersion, TrainingRun, utcnow
 
 log = logging.getLogger("webapp.scheduler")
 
-JOB_IDS = ("retrain", "experiment_monitor", "housekeeping")
+JOB_IDS = ("retrain", "experiment_monitor", "housekeeping", "watchdog")
 _APP: Flask | None = None  # the app the persisted jobs run against (set by start)
 _CHILDREN: list[subprocess.Popen] = []
+_LOCK_FILE = None  # the open scheduler.lock while this process runs the scheduler
+_STATE_LOCK = threading.Lock()
+
+
+class SchedulerAlreadyRunning(RuntimeError):
+    """Another process of this instance runs the scheduler; the message says which."""
 
 
 # ---------------------------------------------------------------------------- job bodies
@@ -57,31 +72,44 @@ def training_in_progress() -> bool:
 
 
 def new_feedback_events() -> int:
-    """Feedback events (rated answers, corrections, votes) since the last successful run started."""
+    """Feedback events (webapp.training.feedback_events) since the last successful run started."""
+    from .training import feedback_events
+
     last = db.session.scalars(db.select(TrainingRun).filter_by(status="succeeded")
                               .order_by(TrainingRun.id.desc())).first()
-    since = last.started_at if last and last.started_at else datetime(1970, 1, 1)
-    fb = db.session.scalar(db.select(db.func.count(Feedback.id)).where(Feedback.updated_at > since).where(
-        db.or_(Feedback.thumb.is_not(None), Feedback.rating.is_not(None), Feedback.correction.is_not(None))))
-    votes = db.session.scalar(db.select(db.func.count(Comparison.id)).where(Comparison.voted_at > since))
-    return int(fb or 0) + int(votes or 0)
+    return feedback_events(last.started_at if last and last.started_at else None)["total"]
 
 
 def retrain_tick() -> dict[str, Any]:
     global _CHILDREN
-    _CHILDREN = [p for p in _CHILDREN if p.poll() is None]  # reap finished children
+    from .training import spawn_training
+
+    _CHILDREN = [p for p in _CHILDREN if p.poll() is None]
+    busy = db.session.scalars(db.select(TrainingRun).where(TrainingRun.status.in_(("queued", "running")))).first()
     if _CHILDREN or training_in_progress():  # a child may not hold the lock yet right after its start
-        return {"action": "skip", "reason": "a training run is in progress"}
+        detail = f" (run #{busy.id}, {busy.status})" if busy else ""
+        return {"action": "skip", "reason": f"a training run is in progress{detail}"}
     events = new_feedback_events()
     needed = int(current_app.config["RLHF_RETRAIN_MIN_FEEDBACK"])
     if events < needed:
-        return {"action": "skip", "reason": f"{events} new feedback events, waiting for {needed}"}
-    from .api.admin import spawn_training
-
-    proc = spawn_training(current_app.config["RLHF_RETRAIN_ALGORITHM"], trigger="schedule", min_feedback=0)
+        return {"action": "skip", "reason": f"{events} of {needed} new feedback events since the last run",
+                "new_events": events, "needed": needed}
+    run_id, proc = spawn_training(current_app.config["RLHF_RETRAIN_ALGORITHM"], trigger="schedule", min_feedback=0)
     _CHILDREN.append(proc)
-    log.info("retrain: %s new feedback events, started rl-train (pid %s)", events, proc.pid)
-    return {"action": "train", "pid": proc.pid, "new_events": events}
+    log.info("retrain: %s new feedback events, started rl-train run #%s (pid %s)", events, run_id, proc.pid)
+    return {"action": "train", "run_id": run_id, "pid": proc.pid, "new_events": events,
+            "reason": f"{events} new feedback events (needs {needed}): started run #{run_id}"}
+
+
+def watchdog_tick() -> dict[str, Any]:
+    from .training import enforce_run_limits
+
+    stopped = enforce_run_limits()
+    for item in stopped:
+        audit("run_stopped_by_watchdog", str(item["run_id"]), reason=item["reason"], actor="scheduler")
+    if stopped:
+        db.session.commit()
+    return {"action": "stopped" if stopped else "idle", "stopped": stopped}
 
 
 def _new_candidate() -> ModelVersion | None:
@@ -178,7 +206,8 @@ def prune_retired_versions(keep: int) -> list[str]:
     return pruned
 
 
-TICKS = {"retrain": retrain_tick, "experiment_monitor": monitor_tick, "housekeeping": housekeeping_tick}
+TICKS = {"retrain": retrain_tick, "experiment_monitor": monitor_tick, "housekeeping": housekeeping_tick,
+         "watchdog": watchdog_tick}
 
 
 def run_job(name: str) -> None:
@@ -191,11 +220,13 @@ def run_job(name: str) -> None:
             result = TICKS[name]()
             if result.get("action") not in ("skip", "idle", "wait"):
                 log.info("%s: %s", name, result)
-        except Exception:
+        except Exception as exc:
             db.session.rollback()
             log.exception("scheduler job %s failed", name)
+            result = {"action": "error", "reason": f"{type(exc).__name__}: {exc}"[:300]}
         finally:
             db.session.remove()
+        _record(name, result)
 
 
 # ---------------------------------------------------------------------------- the scheduler
@@ -214,7 +245,8 @@ def build_scheduler(app: Flask, blocking: bool = False):
                     job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 600})
     cfg = app.config
     intervals = {"retrain": cfg["RLHF_RETRAIN_INTERVAL_SECONDS"], "experiment_monitor": cfg["RLHF_MONITOR_INTERVAL_SECONDS"],
-                 "housekeeping": cfg["RLHF_HOUSEKEEPING_INTERVAL_SECONDS"]}
+                 "housekeeping": cfg["RLHF_HOUSEKEEPING_INTERVAL_SECONDS"],
+                 "watchdog": cfg["RLHF_WATCHDOG_INTERVAL_SECONDS"]}
     for job_id in JOB_IDS:
         scheduler.add_job("webapp.scheduler:run_job", "interval", seconds=float(intervals[job_id]), args=[job_id],
                           id=job_id, name=job_id.replace("_", " "), replace_existing=True)
@@ -222,11 +254,101 @@ def build_scheduler(app: Flask, blocking: bool = False):
 
 
 def start_background(app: Flask):
+    """Start the scheduler in this (web) process. Raises SchedulerAlreadyRunning when another
+    process of the instance runs it."""
+    claim_scheduler(app, "web process")
     scheduler = build_scheduler(app)
     scheduler.start()
     app.extensions["rlhf_scheduler"] = scheduler
     log.info("scheduler started in the web process")
     return scheduler
+
+
+# ---------------------------------------------------------------------------- one per instance, and its state
+
+def _instance(app: Flask | None = None) -> Path:
+    return Path((app or current_app).config["INSTANCE_DIR"])
+
+
+def _read_state(folder: Path) -> dict[str, Any]:
+    try:
+        return json.loads((folder / "scheduler.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_state(folder: Path, state: dict[str, Any]) -> None:
+    tmp = folder / f".scheduler.json.{os.getpid()}"
+    tmp.write_text(json.dumps(state, default=str))
+    os.replace(tmp, folder / "scheduler.json")
+
+
+def claim_scheduler(app: Flask, where: str) -> None:
+    """Take the instance's scheduler lock for this process's life, or raise
+    SchedulerAlreadyRunning naming the process that has it."""
+    global _LOCK_FILE
+    if _LOCK_FILE is not None:
+        return
+    folder = _instance(app)
+    f = open(folder / "scheduler.lock", "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        other = _read_state(folder)
+        raise SchedulerAlreadyRunning(
+            f"the scheduler already runs for this instance ({other.get('where', 'another process')}, "
+            f"pid {other.get('pid', '?')} on {other.get('hostname', '?')}); run it once per instance") from None
+    _LOCK_FILE = f
+    _write_state(folder, {"pid": os.getpid(), "hostname": socket.gethostname(), "where": where,
+                          "started_at": utcnow().isoformat(), "last": {}})
+
+
+def release_scheduler() -> None:
+    global _LOCK_FILE
+    if _LOCK_FILE is not None:
+        _LOCK_FILE.close()  # closing the file drops the flock
+        _LOCK_FILE = None
+
+
+def _record(job: str, result: dict[str, Any]) -> None:
+    """Remember each job's last outcome (the overview says why the last retrain did or did not start)."""
+    if _APP is None:
+        return
+    folder = _instance(_APP)
+    with _STATE_LOCK:
+        state = _read_state(folder)
+        state.setdefault("last", {})[job] = {"at": utcnow().isoformat(), "action": result.get("action"),
+                                             "reason": result.get("reason")}
+        _write_state(folder, state)
+
+
+def scheduler_running() -> bool:
+    """True while some process holds this instance's scheduler lock."""
+    if _LOCK_FILE is not None:
+        return True
+    with open(_instance() / "scheduler.lock", "a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return False
+
+
+def scheduler_status() -> dict[str, Any]:
+    """For the overview: whether the scheduler runs and where, each job's next run, and the
+    last retrain decision (``{"at", "action", "reason"}``)."""
+    running = scheduler_running()
+    state = _read_state(_instance())
+    last = (state.get("last") or {}).get("retrain")
+    if last and last.get("at"):
+        last = {**last, "at": datetime.fromisoformat(last["at"])}
+    where = f"{state.get('where', 'another process')} (pid {state.get('pid', '?')})" if running else None
+    return {"running": running, "enabled": bool(current_app.config["RLHF_SCHEDULER"]), "where": where,
+            "jobs": [{"id": j["id"], "name": j["name"], "next_run": j["next_run_at"]} for j in scheduled_jobs()]
+            if running else [],
+            "last_retrain": last}
 
 
 def scheduled_jobs() -> list[dict[str, Any]]:
@@ -236,6 +358,9 @@ def scheduled_jobs() -> list[dict[str, Any]]:
     if "apscheduler_jobs" not in inspect(db.engine).get_table_names():
         return []
     rows = db.session.execute(text("SELECT id, next_run_time FROM apscheduler_jobs ORDER BY next_run_time")).all()
-    return [{"name": job_id.replace("_", " "),
-             "next_run": datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if ts else None}
-            for job_id, ts in rows]
+    out = []
+    for job_id, ts in rows:
+        at = datetime.fromtimestamp(ts, timezone.utc).replace(tzinfo=None) if ts else None  # naive UTC, like the models
+        out.append({"id": job_id, "name": job_id.replace("_", " "), "next_run_at": at,
+                    "next_run": at.strftime("%Y-%m-%d %H:%M:%S UTC") if at else None})
+    return out

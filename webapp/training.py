@@ -11,10 +11,15 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import socket
+import subprocess
+import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -22,11 +27,12 @@ from flask import current_app
 from sqlalchemy import or_
 
 from rlhf import registry
-from rlhf.cycle import CycleSettings, NotEnoughData, overall_progress, prepare_data, run_cycle
+from rlhf.cycle import CycleSettings, NotEnoughData, fit_to_data, overall_progress, prepare_data, run_cycle
 from rlhf.evaluation import GateThresholds
 from rlhf.policy_training import ALGORITHMS, PolicySettings
 from rlhf.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
 from rlhf.redaction import redact_records
+from rlhf.stage_sizing import DataSize
 
 from .bootstrap import active_version
 from .extensions import db
@@ -44,18 +50,34 @@ class RunRefused(Exception):
 
 # ---------------------------------------------------------------------------- reading feedback
 
-def feedback_event_count() -> int:
-    """Feedback events available for training: feedback rows carrying any signal plus voted
-    comparisons, in conversations that were not deleted."""
+def feedback_events(since: datetime | None = None) -> dict[str, int]:
+    """The one definition of a *feedback event*, used by training, the scheduler and the
+    dashboard alike: a feedback row carrying a thumb, a rating or a correction (one event per
+    rated answer, however many of the three it carries), plus each voted side-by-side
+    comparison, in conversations that were not deleted. ``since``: only those written after it.
+
+    Returns the breakdown (``thumbs``/``ratings``/``corrections`` count rows carrying each, so
+    they can overlap), ``rated_answers`` (rows carrying any), ``votes`` and ``total``."""
     live = db.select(Conversation.id).where(Conversation.deleted_at.is_(None))
-    fb = db.session.scalar(db.select(db.func.count(Feedback.id)).join(Message, Feedback.message_id == Message.id)
-                           .where(Message.conversation_id.in_(live))
-                           .where(or_(Feedback.thumb.is_not(None), Feedback.rating.is_not(None),
-                                      Feedback.correction.is_not(None))))
-    votes = db.session.scalar(db.select(db.func.count(Comparison.id))
-                              .join(Message, Comparison.prompt_message_id == Message.id)
-                              .where(Message.conversation_id.in_(live)).where(Comparison.winner.is_not(None)))
-    return int(fb or 0) + int(votes or 0)
+    has = {"thumbs": Feedback.thumb.is_not(None), "ratings": Feedback.rating.is_not(None),
+           "corrections": Feedback.correction.is_not(None)}
+    cols = [db.func.count(Feedback.id)] + [db.func.count(db.case((cond, 1))) for cond in has.values()]
+    fb = (db.select(*cols).join(Message, Feedback.message_id == Message.id)
+          .where(Message.conversation_id.in_(live)).where(or_(*has.values())))
+    votes = (db.select(db.func.count(Comparison.id)).join(Message, Comparison.prompt_message_id == Message.id)
+             .where(Message.conversation_id.in_(live)).where(Comparison.winner.is_not(None)))
+    if since is not None:
+        fb = fb.where(Feedback.updated_at > since)
+        votes = votes.where(Comparison.voted_at > since)
+    rated, *parts = db.session.execute(fb).one()
+    n_votes = int(db.session.scalar(votes) or 0)
+    return {"rated_answers": int(rated or 0), **{k: int(v or 0) for k, v in zip(has, parts)},
+            "votes": n_votes, "total": int(rated or 0) + n_votes}
+
+
+def feedback_event_count(since: datetime | None = None) -> int:
+    """Feedback events available for training (see :func:`feedback_events`)."""
+    return feedback_events(since)["total"]
 
 
 def feedback_records(redact: bool = True) -> list[ConversationRecord]:
@@ -126,9 +148,11 @@ def training_lock() -> Iterator[None]:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def recover_stale_runs() -> list[int]:
-    """Runs still marked running/queued while we hold the lock belong to dead processes."""
-    stale = db.session.scalars(db.select(TrainingRun).where(TrainingRun.status.in_(("running", "queued")))).all()
+def recover_stale_runs(keep: int | None = None) -> list[int]:
+    """Runs still marked running/queued while we hold the lock belong to dead processes (except
+    ``keep``: the queued run the caller is about to take over)."""
+    stale = [r for r in db.session.scalars(db.select(TrainingRun).where(TrainingRun.status.in_(("running", "queued"))))
+             if r.id != keep]
     for run in stale:
         run.status = "failed"
         run.error = (f"process {run.pid} on {run.hostname} died during stage {run.stage or 'start'} "
@@ -179,14 +203,17 @@ class RunTracker:
     """Receives stage progress: draws it (optional ``bars``) and stores it on the run row,
     throttled, together with a heartbeat; collects log lines."""
 
-    def __init__(self, run_id: int, bars: ProgressFn | None = None, min_interval: float = 1.0) -> None:
-        self.run_id, self.bars, self.min_interval = run_id, bars, min_interval
+    def __init__(self, run_id: int, bars: ProgressFn | None = None, min_interval: float = 1.0,
+                 watchdog: "RunWatchdog | None" = None) -> None:
+        self.run_id, self.bars, self.min_interval, self.watchdog = run_id, bars, min_interval, watchdog
         self._last = 0.0
         self._stage: str | None = None
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         if self.bars:
             self.bars(stage, done, total)
+        if self.watchdog:
+            self.watchdog.beat(stage)
         now = time.monotonic()
         if stage != self._stage or done >= total or now - self._last >= self.min_interval:
             self._stage, self._last = stage, now
@@ -204,9 +231,29 @@ class RunTracker:
 
 def run_training(trigger: str = "cli", algorithm: str = "ppo", min_feedback: int | None = None,
                  max_steps: int | None = None, lora: bool | None = None, bars: ProgressFn | None = None,
-                 **overrides: Any) -> dict[str, Any]:
+                 run_id: int | None = None, watchdog: bool = False, **overrides: Any) -> dict[str, Any]:
     """One full cycle as a training_runs row. Raises RunRefused (nothing stored) when it cannot
-    start; any failure after that marks the run failed and leaves the active version alone."""
+    start; any failure after that marks the run failed and leaves the active version alone.
+
+    ``run_id``: a row ``spawn_training`` wrote as queued; this run takes it over (a refusal marks
+    it failed with the reason). ``watchdog``: stop this process when the run stalls or overruns
+    its limits (``rl-train`` sets it; see :class:`RunWatchdog`)."""
+    try:
+        return _run_training(trigger, algorithm, min_feedback, max_steps, lora, bars, run_id, watchdog, overrides)
+    except RunRefused as exc:
+        if run_id is not None:
+            db.session.rollback()
+            queued = db.session.get(TrainingRun, run_id)
+            if queued is not None and queued.status == "queued":
+                queued.status, queued.finished_at = "failed", utcnow()
+                queued.error = f"refused to start: {exc}"
+                db.session.commit()
+        raise
+
+
+def _run_training(trigger: str, algorithm: str, min_feedback: int | None, max_steps: int | None,
+                  lora: bool | None, bars: ProgressFn | None, queued_id: int | None, watchdog: bool,
+                  overrides: dict[str, Any]) -> dict[str, Any]:
     settings = cycle_settings(algorithm, max_steps, lora, **overrides)
     cfg = current_app.config
     min_feedback = int(cfg["RLHF_RETRAIN_MIN_FEEDBACK"] if min_feedback is None else min_feedback)
@@ -214,7 +261,7 @@ def run_training(trigger: str = "cli", algorithm: str = "ppo", min_feedback: int
         raise RunRefused(f"invalid setting: --min-feedback must be >= 0 (got {min_feedback})")
 
     with training_lock():
-        recovered = recover_stale_runs()
+        recovered = recover_stale_runs(keep=queued_id)
         for stale in recovered:  # their work directories died with them (only runs write them; we hold the lock)
             shutil.rmtree(Path(cfg["INSTANCE_DIR"]) / "runs" / f".tmp-run-{stale}", ignore_errors=True)
         parent = active_version()
@@ -226,19 +273,30 @@ def run_training(trigger: str = "cli", algorithm: str = "ppo", min_feedback: int
         records = feedback_records()
         try:
             bundle = prepare_data(records, settings)
+            settings, sizing_notes = fit_to_data(settings, bundle)
         except NotEnoughData as exc:
             raise RunRefused(str(exc)) from None
+        limits = run_limits(settings, DataSize.of(bundle), parent.path)
 
-        run = TrainingRun(trigger=trigger, algorithm=algorithm, status="running", stage="data", progress=0.0,
-                          pid=os.getpid(), hostname=socket.gethostname(), started_at=utcnow(), heartbeat_at=utcnow(),
-                          feedback_counts={"events": events, **bundle.counts}, config=settings.to_dict())
-        db.session.add(run)
+        run = db.session.get(TrainingRun, queued_id) if queued_id is not None else None
+        if run is None:
+            run = TrainingRun(trigger=trigger, algorithm=algorithm)
+            db.session.add(run)
+        run.status, run.stage, run.progress = "running", "data", 0.0
+        run.pid, run.hostname, run.started_at, run.heartbeat_at = os.getpid(), socket.gethostname(), utcnow(), utcnow()
+        run.feedback_counts = {"events": events, **bundle.counts}
+        run.config = {**settings.to_dict(), "limits": limits}
         db.session.commit()
         run_id, parent_id, parent_name, parent_path = run.id, parent.id, parent.name, parent.path
-        tracker = RunTracker(run_id, bars)
+        guard = RunWatchdog(current_app._get_current_object(), run_id, limits).start() if watchdog else None
+        tracker = RunTracker(run_id, bars, watchdog=guard)
         if recovered:
             tracker.log(f"recovered stale runs {recovered}: marked failed")
         tracker.log(f"parent {parent_name}; {events} feedback events; algorithm {algorithm}")
+        for note in sizing_notes:
+            tracker.log(f"sized to the data: {note}")
+        tracker.log(f"limits: stopped after {limits['stall_seconds']:.0f} s without progress or "
+                    f"{limits['max_seconds']:.0f} s in all")
 
         instance = Path(cfg["INSTANCE_DIR"])
         workdir = instance / "runs" / f".tmp-run-{run_id}"
@@ -293,6 +351,8 @@ def run_training(trigger: str = "cli", algorithm: str = "ppo", min_feedback: int
             db.session.commit()
             raise
         finally:
+            if guard:
+                guard.stop()
             shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -321,3 +381,226 @@ def summary(run: TrainingRun, version: ModelVersion | None) -> dict[str, Any]:
 
 def dumps(data: Any) -> str:
     return json.dumps(data, indent=2, default=str)
+
+
+# ---------------------------------------------------------------------------- limits and the watchdog
+
+def model_megaparameters(path: str | Path) -> float:
+    """Roughly how many million parameters a stored model has (from its weight files' size)."""
+    files = [f for pattern in ("*.safetensors", "*.bin") for f in Path(path).glob(pattern)]
+    return sum(f.stat().st_size for f in files) / 4 / 1e6  # fp32 bytes per parameter
+
+
+def auto_max_seconds(settings: CycleSettings, size: DataSize, parent_path: str | Path) -> float:
+    """A run's time limit when RLHF_RUN_MAX_SECONDS is 0: 30 minutes, plus 2 s per unit of
+    training work (a PPO/RLOO episode, a DPO/KTO row per epoch, a reward pair per epoch), scaled
+    up for models above 10 M parameters. Generous on purpose: a cycle on the embedded model does
+    about 700 units in ~1 minute on 2 idle cores; the limit only catches runs that will never end
+    (a run that stops making progress is caught much sooner by the stall limit)."""
+    p = settings.policy
+    if settings.algorithm in ("ppo", "rloo"):
+        policy_units = min(p.episodes, p.max_steps * p.batch_size) if p.max_steps else p.episodes
+    else:
+        rows = size.train_pairs if settings.algorithm == "dpo" else size.kto_good + size.kto_bad
+        policy_units = rows * p.epochs
+    units = policy_units + size.train_pairs * settings.reward.epochs + settings.evaluation.max_prompts
+    return round(1800.0 + 2.0 * units * max(1.0, model_megaparameters(parent_path) / 10.0))
+
+
+def run_limits(settings: CycleSettings, size: DataSize, parent_path: str | Path) -> dict[str, float]:
+    """The watchdog's limits for a run (stored with it): seconds without progress, seconds in all."""
+    cfg = current_app.config
+    fixed = float(cfg["RLHF_RUN_MAX_SECONDS"])
+    return {"stall_seconds": float(cfg["RLHF_RUN_STALL_SECONDS"]),
+            "max_seconds": fixed if fixed > 0 else auto_max_seconds(settings, size, parent_path)}
+
+
+def _limits_of(run: TrainingRun) -> dict[str, float]:
+    cfg = current_app.config
+    stored = (run.config or {}).get("limits") or {}
+    return {"stall_seconds": float(stored.get("stall_seconds") or cfg["RLHF_RUN_STALL_SECONDS"]),
+            "max_seconds": float(stored.get("max_seconds") or cfg["RLHF_RUN_MAX_SECONDS"] or 0) or float("inf")}
+
+
+def run_health(run: TrainingRun, now: datetime | None = None) -> dict[str, Any]:
+    """How a queued/running run is doing against its limits, for the dashboard and the watchdog:
+    ``late`` once it has been quiet for a quarter of its stall limit (or used 3/4 of its time),
+    ``overdue`` (with the reason) once the watchdog should stop it."""
+    now = now or utcnow()
+    limits = _limits_of(run)
+    last_sign = run.heartbeat_at or run.started_at or run.created_at or now
+    quiet = max(0.0, (now - last_sign).total_seconds())
+    elapsed = max(0.0, (now - (run.started_at or run.created_at or now)).total_seconds())
+    stall, most = limits["stall_seconds"], limits["max_seconds"]
+    reason = None
+    if run.status in ("queued", "running"):
+        if quiet > stall:
+            what = "never started" if run.status == "queued" else f"no progress for {quiet:.0f} s during stage {run.stage}"
+            reason = f"{what} (limit {stall:.0f} s without progress)"
+        elif elapsed > most:
+            reason = f"ran for {elapsed:.0f} s, past its limit of {most:.0f} s"
+    late = run.status in ("queued", "running") and (quiet > stall / 4 or elapsed > 0.75 * most)
+    message = None
+    if late and not reason:
+        message = (f"no progress for {quiet:.0f} s; stopped after {stall:.0f} s without progress" if quiet > stall / 4
+                   else f"running for {elapsed:.0f} s; stopped at {most:.0f} s")
+    return {"quiet_seconds": round(quiet, 1), "elapsed_seconds": round(elapsed, 1), "late": late,
+            "overdue": reason, "message": message or reason, **limits}
+
+
+def _pid_is_training(pid: int) -> bool:
+    """True if ``pid`` is alive (not a zombie) and is an ``rl-train`` process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path(f"/proc/{pid}")
+    if not proc.is_dir():  # no procfs: trust the pid
+        return True
+    try:
+        if proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+        return b"rl-train" in proc.joinpath("cmdline").read_bytes()
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_run_process(pid: int, grace: float = 10.0) -> bool:
+    """SIGKILL the run's process (its whole process group when it leads one, as spawned runs do)
+    and wait until it is gone. False if it was not (or no longer) a training process."""
+    if not _pid_is_training(pid):
+        return False
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + grace
+    while _pid_is_training(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return True
+
+
+def _fail_run(run_id: int, reason: str) -> bool:
+    """Mark a queued/running run failed by the watchdog and remove its work directory."""
+    run = db.session.get(TrainingRun, run_id)
+    if run is None or run.status not in ("queued", "running"):
+        return False
+    run.status, run.finished_at = "failed", utcnow()
+    run.error = f"stopped by the watchdog: {reason}"
+    run.log = (run.log or "") + f"[{utcnow().strftime('%H:%M:%S')}] stopped by the watchdog: {reason}\n"
+    db.session.commit()
+    shutil.rmtree(Path(current_app.config["INSTANCE_DIR"]) / "runs" / f".tmp-run-{run_id}", ignore_errors=True)
+    return True
+
+
+def enforce_run_limits(now: datetime | None = None) -> list[dict[str, Any]]:
+    """The watchdog (a scheduler job): stop every run of this host that has been quiet past its
+    stall limit or has run past its time limit: kill its process group (which releases the
+    training lock), mark it failed with the reason, remove its work directory. Runs of other
+    hosts cannot be stopped from here; their rows are left to them (the dashboard shows them late)."""
+    stopped = []
+    host = socket.gethostname()
+    for run in db.session.scalars(db.select(TrainingRun).where(TrainingRun.status.in_(("queued", "running")))).all():
+        reason = run_health(run, now)["overdue"]
+        if not reason or (run.hostname and run.hostname != host):
+            continue
+        killed = _kill_run_process(run.pid) if run.pid else False
+        db.session.expire_all()
+        if _fail_run(run.id, reason):
+            stopped.append({"run_id": run.id, "pid": run.pid, "killed": killed, "reason": reason})
+    return stopped
+
+
+class RunWatchdog:
+    """The run's own watchdog, a thread inside ``rl-train``: every progress report beats it; if
+    none comes for the stall limit (a trainer looping without steps, a stuck read), or the run
+    passes its time limit, it marks the run failed and ends the process (exit 1), which releases
+    the training lock. The heartbeat comes from the training loop itself, never from a timer, so
+    a hung loop cannot keep it alive."""
+
+    def __init__(self, app: Any, run_id: int, limits: dict[str, float], exit_process: bool = True) -> None:
+        self.app, self.run_id, self.limits, self.exit_process = app, run_id, limits, exit_process
+        self.started = self.last = time.monotonic()
+        self.stage = "start"
+        self.fired: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"watchdog-run-{run_id}", daemon=True)
+
+    def start(self) -> "RunWatchdog":
+        self._thread.start()
+        return self
+
+    def beat(self, stage: str) -> None:
+        self.last, self.stage = time.monotonic(), stage
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        stall, most = self.limits["stall_seconds"], self.limits["max_seconds"]
+        while not self._stop.wait(max(0.05, min(5.0, stall / 10))):
+            now = time.monotonic()
+            if now - self.last > stall:
+                reason = f"no progress for {now - self.last:.0f} s during stage {self.stage} (limit {stall:.0f} s)"
+            elif now - self.started > most:
+                reason = f"ran for {now - self.started:.0f} s, past its limit of {most:.0f} s"
+            else:
+                continue
+            self.fired = reason
+            with self.app.app_context():
+                try:
+                    _fail_run(self.run_id, reason)
+                finally:
+                    db.session.remove()
+            if self.exit_process:
+                print(f"Error: training run #{self.run_id} stopped by the watchdog: {reason}", file=sys.stderr,
+                      flush=True)
+                os._exit(EXIT_FAILED)
+            return
+
+
+# ---------------------------------------------------------------------------- runs started by the web app
+
+def _reap(proc: subprocess.Popen) -> None:
+    threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+
+
+def spawn_training(algorithm: str = "ppo", max_steps: int | None = None, trigger: str = "manual",
+                   min_feedback: int | None = None) -> tuple[int, subprocess.Popen]:
+    """Start ``rl-train`` in a child process (its own process group, so the watchdog can stop
+    all of it) for a run row written first as ``queued``: the dashboard shows the run at once.
+    A thread waits for the child, so a finished run never lingers as a zombie. Returns the run
+    id and the process."""
+    instance = Path(current_app.config["INSTANCE_DIR"])
+    run = TrainingRun(trigger=trigger, algorithm=algorithm, status="queued", stage="queued", progress=0.0,
+                      hostname=socket.gethostname())
+    db.session.add(run)
+    db.session.commit()
+    log_dir = instance / "logs"
+    log_dir.mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "flask", "--app", "webapp", "rl-train", "--algorithm", algorithm,
+           "--trigger", trigger, "--run-id", str(run.id), "--json"]
+    if max_steps:
+        cmd += ["--max-steps", str(max_steps)]
+    if min_feedback is not None:
+        cmd += ["--min-feedback", str(min_feedback)]
+    env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance)}
+    if current_app.config.get("SQLALCHEMY_DATABASE_URI"):
+        env["DATABASE_URL"] = current_app.config["SQLALCHEMY_DATABASE_URI"]
+    try:
+        with open(log_dir / "training.log", "ab") as log:
+            proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], env=env, stdout=log, stderr=log,
+                                    start_new_session=True)
+    except OSError as exc:
+        run.status, run.finished_at, run.error = "failed", utcnow(), f"could not start rl-train: {exc}"
+        db.session.commit()
+        raise
+    run.pid = proc.pid
+    db.session.commit()
+    _reap(proc)
+    return run.id, proc
