@@ -110,6 +110,7 @@ ROUTES: dict[str, dict] = {
     "chat_api.post_message": {"caller": "owner", "base": {"content": "hi", "stream": False},
                               "fields": ["parent_id"]},
     "chat_api.regenerate": {"caller": "owner", "base": {"stream": False}},
+    "chat_api.edit_message": {"caller": "owner", "base": {"content": "hi", "stream": False}},
     "chat_api.post_feedback": {"caller": "owner", "base": {"thumb": "up"},
                                "fields": ["rating", "correction", "comment", "reasons"]},
     "chat_api.compare": {"caller": "owner", "base": {"content": "hi"}, "fields": ["parent_id", "message_id"]},

@@ -73,6 +73,17 @@ def chat_objects(world) -> dict:
         return {"conversation_id": conv.id, "message_id": answers[0].id, "pair_id": pair.id}
 
 
+def chat_question(world) -> dict:
+    """chat_objects, naming the question (a user message) instead of an answer."""
+    from webapp.extensions import db
+    from webapp.models import Message
+
+    objs = chat_objects(world)
+    with world.app.app_context():
+        objs["message_id"] = db.session.get(Message, objs["message_id"]).parent_id
+    return objs
+
+
 def _version(world, status: str, parent_id: int | None = None) -> int:
     from webapp.extensions import db
     from webapp.models import ModelVersion
@@ -198,6 +209,8 @@ MATRIX: dict[tuple[str, str], Row] = {
                                                                       body={"content": "And pasta?"}),
     ("POST", "/api/messages/<int:message_id>/regenerate"): Row(owner_only(201), setup=chat_objects,
                                                                body={"stream": False}),
+    ("POST", "/api/messages/<int:message_id>/edit"): Row(owner_only(201), setup=chat_question,
+                                                         body={"content": "And pasta?", "stream": False}),
     ("POST", "/api/messages/<int:message_id>/feedback"): Row(owner_only(200), setup=chat_objects,
                                                              body={"thumb": "down", "comment": "rude"}),
     ("POST", "/api/pairs/<int:pair_id>/vote"): Row(owner_only(200), setup=chat_objects, body={"winner": "b"}),

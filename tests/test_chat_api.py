@@ -49,8 +49,36 @@ def test_conversation_lifecycle(api):
 
 
 def test_first_message_titles_the_conversation(api, conv):
-    ask(api, conv, "How do I bake bread at home?")
-    assert api.get(f"/api/conversations/{conv}").get_json()["title"] == "How do I bake bread at home?"
+    ask(api, conv, "  How do I   bake bread\nat home?  ")
+    assert api.get(f"/api/conversations/{conv}").get_json()["title"] == "How do I bake bread at home"
+    ask(api, conv, "And rye bread?")  # later questions keep the title
+    assert api.get(f"/api/conversations/{conv}").get_json()["title"] == "How do I bake bread at home"
+    named = api.post("/api/conversations", json={"title": "My own title?"}).get_json()["id"]
+    ask(api, named)  # a title the user chose is kept as written
+    assert api.get(f"/api/conversations/{named}").get_json()["title"] == "My own title?"
+
+
+@pytest.mark.parametrize("question,title", [
+    ("How do I cook rice?", "How do I cook rice"),
+    ("  why   is\tthe sky\n\nblue?!...  ", "why is the sky blue"),
+    ("## How do I **bake** _sourdough_?", "How do I bake sourdough"),
+    ("> Explain `__init__.py` and [imports](https://example.com) please.", "Explain __init__.py and imports please"),
+    ("- rice\n- beans\n- what else?", "rice beans what else"),
+    ("```python\nprint('hi')\n```\nWhy does this fail?", "print('hi') Why does this fail"),
+    ("snake_case_names and 2 * 3 * 4?", "snake_case_names and 2 * 3 * 4"),
+    ("Tell me everything you know about sourdough starters and how to feed them every day",
+     "Tell me everything you know about sourdough\u2026"),
+    ("What, exactly, is the difference between baking soda and baking powder, chemically?",
+     "What, exactly, is the difference between baking\u2026"),
+    ("x" * 80, "x" * 50 + "\u2026"),
+    ("???", "???"),
+    ("<b>bold</b> question?", "<b>bold</b> question"),
+])
+def test_title_is_cleaned_from_the_first_question(question, title):
+    from webapp.api.chat import TITLE_CHARS, clean_title
+
+    assert clean_title(question) == title
+    assert len(clean_title(question)) <= TITLE_CHARS + 1
 
 
 # ---------------------------------------------------------------------------- answering
@@ -100,6 +128,91 @@ def test_regenerate_makes_siblings_and_replies_can_branch(app, api, conv):
     # reply to the first answer explicitly, not the newest one
     branch = ask(api, conv, "Tell me more", parent_id=answer_id)
     assert branch["user_message"]["parent_id"] == answer_id
+
+
+def test_edit_and_resend_branches_beside_the_original_question(app, api, conv):
+    first = ask(api, conv, "How do I cook rice?")
+    follow = ask(api, conv, "And pasta?")
+    question = follow["user_message"]
+    edited = api.post(f"/api/messages/{question['id']}/edit", json={"content": "  And noodles?  ", "stream": False})
+    assert edited.status_code == 201, edited.get_json()
+    new_q, new_a = edited.get_json()["user_message"], edited.get_json()["assistant_message"]
+    # a sibling of the original question (same parent: the first answer), with its own answer
+    assert new_q["id"] != question["id"] and new_q["role"] == "user" and new_q["content"] == "And noodles?"
+    assert new_q["parent_id"] == question["parent_id"] == first["assistant_message"]["id"]
+    assert new_a["parent_id"] == new_q["id"] and new_a["content"]
+    # streamed, on the first question (no parent): a third root-level branch
+    events = sse_events(api.post(f"/api/messages/{first['user_message']['id']}/edit",
+                                 json={"content": "How do I cook quinoa?"}))
+    assert events[-1][0] == "done"
+    done = events[-1][1]
+    with app.app_context():
+        original = db.session.get(Message, question["id"])
+        assert original.content == "And pasta?"  # the original and its answer stay as they were
+        assert db.session.query(Message).filter_by(parent_id=question["id"]).count() == 1
+        siblings = db.session.scalars(db.select(Message.content).filter_by(
+            parent_id=first["assistant_message"]["id"], role="user").order_by(Message.id)).all()
+        assert siblings == ["And pasta?", "And noodles?"]
+        root = db.session.get(Message, done["user_message_id"])
+        assert (root.parent_id, root.content, root.role) == (None, "How do I cook quinoa?", "user")
+        assert db.session.get(Message, done["message_id"]).parent_id == root.id
+    messages = api.get(f"/api/conversations/{conv}").get_json()
+    assert messages["title"] == "How do I cook rice"  # editing does not retitle the conversation
+    roots = [m["content"] for m in messages["messages"] if m["parent_id"] is None]
+    assert roots == ["How do I cook rice?", "How do I cook quinoa?"]
+    # a new question without parent_id follows the newest branch
+    after = ask(api, conv, "Thanks")
+    assert after["user_message"]["parent_id"] == done["message_id"]
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"content": ""}, "must not be empty"), ({"content": "x" * 4001}, "too long"), ({}, "required"),
+    ({"content": 5}, "must be a string"), ({"content": "hi", "stream": 1}, "stream"),
+    ({"content": "hi", "parent_id": 1}, "Unknown field"), ([1], "JSON object"),
+])
+def test_invalid_edit_is_400_and_stores_nothing(app, api, conv, body, needle):
+    question = ask(api, conv)["user_message"]["id"]
+    before = counts(app)
+    resp = api.post(f"/api/messages/{question}/edit", json=body)
+    assert resp.status_code == 400 and needle in resp.get_json()["error"]
+    assert counts(app) == before
+
+
+def test_edit_needs_a_question_of_the_caller(app, api, conv):
+    exchange = ask(api, conv)
+    before = counts(app)
+    answer = api.post(f"/api/messages/{exchange['assistant_message']['id']}/edit", json={"content": "hi"})
+    assert answer.status_code == 400 and "user message" in answer.get_json()["error"]
+    assert api.post("/api/messages/99999/edit", json={"content": "hi"}).status_code == 404
+    other = ApiClient(app.test_client())
+    resp = other.post(f"/api/messages/{exchange['user_message']['id']}/edit", json={"content": "hi", "stream": False})
+    assert resp.status_code == 404 and resp.is_json
+    no_csrf = api.client.post(f"/api/messages/{exchange['user_message']['id']}/edit", json={"content": "hi"})
+    assert no_csrf.status_code == 400 and "CSRF" in no_csrf.get_json()["error"]
+    api.delete(f"/api/conversations/{conv}")
+    gone = api.post(f"/api/messages/{exchange['user_message']['id']}/edit", json={"content": "hi"})
+    assert gone.status_code == 404
+    with app.app_context():
+        assert db.session.query(Message).count() == before["messages"]
+
+
+def test_edit_counts_against_the_chat_rate_limit(tmp_path, micro_model_dir):
+    from tests.conftest import make_app
+
+    app = make_app(tmp_path / "instance", RLHF_CHAT_RATE_LIMIT="2 per minute")
+    register_model(app, micro_model_dir)
+    client = ApiClient(app.test_client())
+    conv_id = client.post("/api/conversations", json={}).get_json()["id"]
+    question = ask(client, conv_id)["user_message"]["id"]
+    assert client.post(f"/api/messages/{question}/edit", json={"content": "Again?", "stream": False}).status_code == 201
+    before = counts(app)
+    limited = client.post(f"/api/messages/{question}/edit", json={"content": "Once more?", "stream": False})
+    assert limited.status_code == 429 and "Too many messages" in limited.get_json()["error"]
+    assert limited.headers["Retry-After"]
+    assert counts(app) == before
+    with app.app_context():
+        db.session.remove()
+        db.engine.dispose()
 
 
 def test_default_parent_is_newest_answer(api, conv):
@@ -285,6 +398,7 @@ def test_other_users_see_nothing_of_mine(app, api, conv):
         ("post", f"/api/conversations/{conv}/messages", {"content": "hi", "stream": False}),
         ("post", f"/api/conversations/{conv}/compare", {"content": "hi"}),
         ("post", f"/api/messages/{answer}/regenerate", {"stream": False}),
+        ("post", f"/api/messages/{mine['user_message']['id']}/edit", {"content": "hi", "stream": False}),
         ("post", f"/api/messages/{answer}/feedback", {"thumb": "down"}),
         ("post", f"/api/pairs/{pair['pair_id']}/vote", {"winner": "a"}),
     ]:

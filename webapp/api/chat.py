@@ -1,4 +1,4 @@
-"""Conversations, messages (streamed answers), regenerate, feedback and side-by-side compare.
+"""Conversations, messages (streamed answers), regenerate, edit-and-resend, feedback and side-by-side compare.
 
 Callers only ever see their own conversations: anything else is a 404, exactly as if it did
 not exist. Generation happens before anything is written where possible, and a failed
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any, Iterator
 
 from flask import Blueprint, Response, current_app, jsonify, session, stream_with_context
@@ -270,12 +271,49 @@ def _answer(user_msg: Message, route: Route, loaded: LoadedModel, stream: bool, 
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
+TITLE_CHARS = 50  # a title made from the first question is cut (at a word) to about this many characters
+_MD_LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")  # [text](url) and ![alt](src): keep the text
+_MD_LINE_START = re.compile(r"^(?:\s{0,3}(?:#{1,6}|>|[-*+]|\d{1,9}[.)])\s+)+")  # heading, quote, list marker
+# paired marks only (as markdown renders them): `code`, **strong**, ~~struck~~, __strong__, *em*, _em_;
+# underscores only at word boundaries (snake_case and __init__-like names inside words stay)
+_MD_CODE = re.compile(r"(`+)(.+?)\1")
+_MD_PAIRS = (re.compile(r"(\*\*|~~)(?=\S)(.+?)(?<=\S)\1"), re.compile(r"(?<!\w)(__)(?=\S)(.+?)(?<=\S)\1(?!\w)"),
+             re.compile(r"(?<!\w)([*_])(?=\S)(.+?)(?<=\S)\1(?!\w)"))
+_TRAILING = ".,;:!?\u2026-\u2013\u2014*_~`#| "  # stripped from the end of a title
+_LEADING = "*_~`# "  # markdown marks stripped from its start
+
+
+def clean_title(text: str, limit: int = TITLE_CHARS) -> str:
+    """A conversation title from its first question: markdown marks and fences dropped, whitespace
+    collapsed, trailing punctuation stripped, cut at a word boundary near ``limit`` characters with
+    an ellipsis. A question of punctuation or markup alone keeps its characters (collapsed, cut)."""
+    lines = []
+    for line in text.splitlines():
+        if line.strip().startswith(("```", "~~~")):
+            continue  # code fence lines; the code itself stays (it may be the whole question)
+        lines.append(_MD_LINE_START.sub("", line))
+    parts = _MD_CODE.split(_MD_LINK.sub(r"\1", " ".join(lines)))  # text, fence, code, text, fence, code, ...
+    for i in range(0, len(parts), 3):
+        for pattern in _MD_PAIRS:
+            parts[i] = pattern.sub(r"\2", parts[i])
+    title = "".join(part for i, part in enumerate(parts) if i % 3 != 1)
+    title = " ".join(title.split()).rstrip(_TRAILING).lstrip(_LEADING)
+    if not title:  # nothing but punctuation or markup, e.g. "???": keep it rather than no title
+        title = " ".join(text.split())
+    if len(title) <= limit:
+        return title
+    cut = title[:limit + 1]
+    space = cut.rfind(" ")
+    cut = cut[:space] if space >= limit // 2 else title[:limit]  # one very long word: cut inside it
+    return (cut.rstrip(_TRAILING) or cut) + "\u2026"
+
+
 def _add_question(conv: Conversation, content: str, parent: Message | None) -> Message:
     """Store a user turn; the first one also titles the conversation."""
     user_msg = Message(conversation_id=conv.id, role="user", content=content, parent_id=parent.id if parent else None)
     db.session.add(user_msg)
     if conv.title == "New chat":
-        conv.title = content if len(content) <= 60 else content[:57].rstrip() + "..."
+        conv.title = clean_title(content)
     db.session.commit()
     return user_msg
 
@@ -311,6 +349,25 @@ def regenerate(message_id: int):
         raise BadRequest("Only answers (or the questions they answer) can be regenerated.")
     route, loaded = serve(route_for(user))
     return _answer(msg, route, loaded, stream, created_user_msg=False)
+
+
+@bp.post("/messages/<int:message_id>/edit")
+@chat_limit
+def edit_message(message_id: int):
+    """Edit and resend a question: a new user message beside the original (same parent, so
+    the two are sibling branches the client pages between) and a fresh answer to it. The
+    original, its answers and everything that followed them stay as they were."""
+    data = json_body({"content", "stream"})
+    user = current_visitor()
+    original = own_message(message_id, user)
+    if original.role != "user":
+        raise BadRequest("Only your questions can be edited ('message_id' must be a user message).")
+    content = message_content(data)
+    stream = bool_field(data, "stream", True)
+    parent = db.session.get(Message, original.parent_id) if original.parent_id else None
+    route, loaded = serve(route_for(user))  # a model that cannot answer fails (503) before anything is written
+    user_msg = _add_question(original.conversation, content, parent)
+    return _answer(user_msg, route, loaded, stream, created_user_msg=True)
 
 
 # ---------------------------------------------------------------------------- feedback
