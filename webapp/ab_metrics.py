@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import asdict
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +173,8 @@ def experiment_metrics(exp: Experiment) -> dict[str, Any]:
         "srm": ab_stats.srm_check(observed, expected),
         "metrics": metrics,
         "daily": _daily(by_arm, feedback),
-        "reward_model": _reward_model_path(exp),
+        "timeline": _timeline(exp, by_arm, feedback),
+        "reward_model": display_path(_reward_model_path(exp)),
         "generated_at": iso(utcnow()),
     }
 
@@ -195,6 +197,119 @@ def _daily(by_arm: dict[str, list[Message]], feedback: dict[int, Feedback]) -> d
         series["thumbs_up_rate"][arm] = ups
         series["mean_rating"][arm] = ratings
     return {"dates": days, "series": series}
+
+
+# Chart buckets by the experiment's duration: (longest duration, bucket size, unit name).
+BUCKETS: tuple[tuple[timedelta | None, timedelta, str], ...] = (
+    (timedelta(hours=3), timedelta(minutes=10), "10 min"),
+    (timedelta(days=3), timedelta(hours=1), "hour"),
+    (None, timedelta(days=1), "day"),
+)
+
+
+def bucket_size(duration: timedelta) -> tuple[timedelta, str]:
+    """The chart bucket for an experiment that ran for ``duration``: 10 minutes up to 3 hours,
+    hours up to 3 days, days beyond."""
+    for longest, size, unit in BUCKETS:
+        if longest is None or duration <= longest:
+            return size, unit
+    raise AssertionError("unreachable")
+
+
+def _floor(dt: datetime, size: timedelta) -> datetime:
+    epoch = datetime(1970, 1, 1)
+    return epoch + size * ((dt - epoch) // size)
+
+
+def _timeline(exp: Experiment, by_arm: dict[str, list[Message]], feedback: dict[int, Feedback],
+              now: datetime | None = None) -> dict[str, Any]:
+    """Per-arm series over the experiment's life in buckets sized by its duration (see
+    :func:`bucket_size`): answers per bucket, and the thumbs-up rate and mean rating
+    cumulative up to the end of each bucket (None until the arm has any). ``starts``: each
+    bucket's start (ISO, UTC). An experiment of a few hours gets several points, not one."""
+    answers = [a for arm in ARMS for a in by_arm[arm]]
+    series: dict[str, dict[str, list]] = {"answers": {}, "thumbs_up_rate": {}, "mean_rating": {}}
+    if not answers:
+        return {"unit": None, "bucket_seconds": None, "starts": [],
+                "series": {name: {arm: [] for arm in ARMS} for name in series}}
+    first = min(a.created_at for a in answers)
+    last = max(a.created_at for a in answers)
+    start = min(first, exp.started_at) if exp.started_at else first
+    end = exp.ended_at or (max(last, now or utcnow()) if exp.status == "running" else last)
+    end = max(end, last)
+    size, unit = bucket_size(end - start)
+    origin = _floor(start, size)
+    n = (end - origin) // size + 1
+    starts = [origin + size * i for i in range(n)]
+    for arm in ARMS:
+        per_bucket: list[list[Message]] = [[] for _ in range(n)]
+        for a in by_arm[arm]:
+            per_bucket[(a.created_at - origin) // size].append(a)
+        series["answers"][arm] = [len(b) for b in per_bucket]
+        ups = thumbs = rating_sum = ratings = 0
+        rates, means = [], []
+        for bucket in per_bucket:
+            for a in bucket:
+                f = feedback.get(a.id)
+                if f is None:
+                    continue
+                if f.thumb:
+                    thumbs += 1
+                    ups += f.thumb == "up"
+                if f.rating is not None:
+                    ratings += 1
+                    rating_sum += f.rating
+            rates.append(round(ups / thumbs, 4) if thumbs else None)
+            means.append(round(rating_sum / ratings, 3) if ratings else None)
+        series["thumbs_up_rate"][arm] = rates
+        series["mean_rating"][arm] = means
+    return {"unit": unit, "bucket_seconds": int(size.total_seconds()), "starts": [iso(s) for s in starts],
+            "series": series}
+
+
+def display_path(path: str | None) -> str | None:
+    """``path`` as the dashboard shows it: relative to the instance folder (or to the model
+    store when that lies elsewhere); other paths unchanged."""
+    if not path:
+        return path
+    p = Path(path)
+    if not p.is_absolute():
+        return path
+    cfg = current_app.config
+    for root in (cfg.get("INSTANCE_DIR"), cfg.get("MODEL_STORE")):
+        if not root:
+            continue
+        for base in {Path(root), Path(root).resolve()}:
+            try:
+                rel = p.relative_to(base)
+            except ValueError:
+                continue
+            return rel.as_posix() or "."
+    return path
+
+
+def display_paths(value: Any) -> Any:
+    """A copy of ``value`` (JSON-like) with every absolute path under the instance folder or the
+    model store made relative (:func:`display_path`); for API answers meant for display."""
+    if isinstance(value, dict):
+        return {k: display_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [display_paths(v) for v in value]
+    if isinstance(value, str) and value.startswith("/"):
+        return display_path(value)
+    return value
+
+
+def display_text(text: str | None) -> str | None:
+    """Free text (a run's log) with the instance folder's and model store's prefixes removed."""
+    if not text:
+        return text
+    cfg = current_app.config
+    for root in (cfg.get("INSTANCE_DIR"), cfg.get("MODEL_STORE")):
+        if root:
+            for base in {str(Path(root)), str(Path(root).resolve())}:
+                text = text.replace(base.rstrip("/") + "/", "")
+    return text
 
 
 def experiment_dict(exp: Experiment) -> dict[str, Any]:

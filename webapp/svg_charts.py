@@ -1,23 +1,79 @@
-"""Tiny server-side SVG line charts (no JavaScript, no CDN). Output is built from numbers and
-escaped labels only, so it is safe to embed with ``|safe``."""
+"""Tiny server-side SVG line charts (no JavaScript needed, no CDN). Output is built from numbers
+and escaped labels only, so it is safe to embed with ``|safe``. Colours and fonts come from
+classes styled in static/css/admin.css (the CSP allows no inline styles); the SVG scales to its
+container through its viewBox.
+
+Time-axis labels are rendered in UTC and carry ``data-time`` (ISO) and ``data-time-format``
+(``time`` or ``date``), so static/js/admin.js can show them in the browser's time zone."""
 from __future__ import annotations
+
+from datetime import datetime
 
 from markupsafe import Markup, escape
 
-COLORS = {"control": "#6b7280", "variant": "#4f46e5"}
+ARM_CLASSES = {"control": "series-control", "variant": "series-variant"}
 
 
-def line_chart(dates: list[str], series: dict[str, list[float | None]], title: str, percent: bool = False,
-               width: int = 520, height: int = 180) -> Markup:
-    pad_l, pad_r, pad_t, pad_b = 44, 12, 24, 28
+def _parse(ts: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    except (TypeError, ValueError):
+        return None
+
+
+def _value_label(v: float | None, percent: bool, digits: int = 2) -> str:
+    if v is None:
+        return "no data"
+    return f"{v * 100:.0f}%" if percent else (f"{v:.{digits}f}".rstrip("0").rstrip(".") if isinstance(v, float)
+                                              else str(v))
+
+
+def _tick_label(ts: str, unit: str | None, with_date: bool) -> tuple[str, str]:
+    """(UTC fallback text, data-time-format) of a time-axis tick."""
+    dt = _parse(ts)
+    if dt is None:
+        return ts, ""
+    if unit == "day":
+        return f"{dt.day} {dt:%b}", "date"
+    if with_date:
+        return f"{dt.day} {dt:%b} {dt:%H:%M}", "datetime"
+    return f"{dt:%H:%M}", "time"
+
+
+def ticks(n: int, most: int = 5) -> list[int]:
+    """Indices of at most ``most`` ticks over ``n`` evenly spaced points: every k-th point from
+    the first, so the labelled times are regular intervals (labels never crowd together)."""
+    if n <= 0:
+        return []
+    if n <= most:
+        return list(range(n))
+    step = -(-(n - 1) // (most - 1))
+    return list(range(0, n, step))
+
+
+def line_chart(starts: list[str], series: dict[str, list[float | None]], title: str, percent: bool = False,
+               unit: str | None = "day", y_range: tuple[float, float] | None = None, width: int = 520,
+               height: int = 190) -> Markup:
+    """A line per arm over time buckets ``starts`` (ISO times, evenly spaced). The y axis runs
+    over ``y_range``, else 0-100% for ``percent``, else from 0 to the largest value (counts:
+    rounded up to an even number, so the middle grid line is a whole number)."""
+    label = escape(title)
     values = [v for vs in series.values() for v in vs if v is not None]
-    if not dates or not values:
-        return Markup(f'<svg class="chart" role="img" width="{width}" height="{height}" aria-label="{escape(title)}">'
-                      f'<text x="10" y="20" class="chart-title">{escape(title)}</text>'
-                      f'<text x="10" y="{height // 2}" class="chart-empty">No data yet</text></svg>')
-    lo, hi = (0.0, 1.0) if percent else (min(0.0, min(values)), max(values) or 1.0)
+    if not starts or not values:
+        return Markup(f'<svg class="chart" role="img" viewBox="0 0 {width} {height}" aria-label="{label}: no data yet">'
+                      f'<text x="{width // 2}" y="{height // 2}" text-anchor="middle" class="chart-empty">'
+                      f'No data yet</text></svg>')
+    pad_l, pad_r, pad_t, pad_b = 54, 16, 14, 30
+    if y_range is not None:
+        lo, hi = min(y_range[0], min(values)), max(y_range[1], max(values))
+    elif percent:
+        lo, hi = 0.0, 1.0
+    else:
+        lo, hi = min(0.0, min(values)), max(values) or 1.0
+        if all(isinstance(v, int) for v in values):
+            hi += hi % 2
     span = (hi - lo) or 1.0
-    n = len(dates)
+    n = len(starts)
 
     def x(i: int) -> float:
         return pad_l + (width - pad_l - pad_r) * (i / (n - 1) if n > 1 else 0.5)
@@ -25,27 +81,36 @@ def line_chart(dates: list[str], series: dict[str, list[float | None]], title: s
     def y(v: float) -> float:
         return pad_t + (height - pad_t - pad_b) * (1 - (v - lo) / span)
 
-    parts = [f'<svg class="chart" role="img" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-             f'aria-label="{escape(title)}"><text x="{pad_l}" y="16" class="chart-title">{escape(title)}</text>']
+    # a text alternative: the last value of each arm
+    last = {arm: next((v for v in reversed(vs) if v is not None), None) for arm, vs in series.items()}
+    summary = "; ".join(f"{arm} {_value_label(v, percent)}" for arm, v in last.items())
+    parts = [f'<svg class="chart" role="img" viewBox="0 0 {width} {height}" '
+             f'aria-label="{label}, {n} points; latest: {escape(summary)}">']
     for frac in (0.0, 0.5, 1.0):
         v = lo + span * frac
-        label = f"{v * 100:.0f}%" if percent else (f"{v:.1f}" if span < 10 else f"{v:.0f}")
+        text = f"{v * 100:.0f}%" if percent else (f"{v:.1f}" if span < 10 else f"{v:.0f}")
         parts.append(f'<line x1="{pad_l}" x2="{width - pad_r}" y1="{y(v):.1f}" y2="{y(v):.1f}" class="chart-grid"/>'
-                     f'<text x="{pad_l - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="chart-axis">{label}</text>')
-    for i in sorted({0, n - 1}):
-        parts.append(f'<text x="{x(i):.1f}" y="{height - 8}" text-anchor="middle" class="chart-axis">'
-                     f'{escape(dates[i][5:])}</text>')
+                     f'<text x="{pad_l - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="chart-axis">{text}</text>')
+    first_day = _parse(starts[0])
+    multi_day = first_day is not None and any((d := _parse(s)) is not None and d.date() != first_day.date()
+                                              for s in starts)
+    tick_idx = ticks(n)
+    for i in tick_idx:
+        text, fmt = _tick_label(starts[i], unit, with_date=multi_day)
+        anchor = "start" if i == 0 and n > 1 else "end" if i == n - 1 and n > 1 else "middle"
+        attrs = f' data-time="{escape(starts[i])}" data-time-format="{fmt}"' if fmt else ""
+        parts.append(f'<text x="{x(i):.1f}" y="{height - 9}" text-anchor="{anchor}" class="chart-axis"{attrs}>'
+                     f'{escape(text)}</text>')
+    dots = n <= 48
     for arm, vs in series.items():
-        color = COLORS.get(arm, "#111827")
-        points = [(x(i), y(v)) for i, v in enumerate(vs) if v is not None]
+        cls = ARM_CLASSES.get(arm, "series-other")
+        points = [(x(i), y(v), i, v) for i, v in enumerate(vs) if v is not None]
         if len(points) > 1:
-            path = " ".join(f"{px:.1f},{py:.1f}" for px, py in points)
-            parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{path}"/>')
-        for px, py in points:
-            parts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3" fill="{color}"/>')
-    legend_x = width - pad_r - 150
-    for j, arm in enumerate(series):
-        parts.append(f'<rect x="{legend_x + j * 75}" y="7" width="10" height="10" fill="{COLORS.get(arm, "#111827")}"/>'
-                     f'<text x="{legend_x + j * 75 + 14}" y="16" class="chart-axis">{escape(arm)}</text>')
+            path = " ".join(f"{px:.1f},{py:.1f}" for px, py, _, _ in points)
+            parts.append(f'<polyline class="chart-line {cls}" points="{path}"/>')
+        if dots or len(points) == 1:
+            for px, py, i, v in points:
+                parts.append(f'<circle class="chart-dot {cls}" cx="{px:.1f}" cy="{py:.1f}" r="3">'
+                             f'<title>{escape(arm)}, {escape(starts[i])}: {_value_label(v, percent)}</title></circle>')
     parts.append("</svg>")
     return Markup("".join(parts))

@@ -11,7 +11,7 @@ from pathlib import Path
 from flask import Blueprint, Response, current_app, jsonify, request
 from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
-from ..ab_metrics import default_experiment, experiment_dict, experiment_metrics
+from ..ab_metrics import default_experiment, display_paths, display_text, experiment_dict, experiment_metrics
 from ..admin_auth import admin_api
 from ..bootstrap import active_version
 from ..experiment_service import (conclude_experiment, create_experiment, get_experiment, promote_version,
@@ -24,13 +24,16 @@ bp = Blueprint("admin_api", __name__, url_prefix="/api/admin")
 
 
 def run_dict(run: TrainingRun, full: bool = False) -> dict:
+    """A run for the dashboard and the API; paths in it are relative to the instance folder."""
     data = {"id": run.id, "trigger": run.trigger, "algorithm": run.algorithm, "status": run.status,
-            "stage": run.stage, "progress": run.progress, "error": run.error, "version_id": run.version_id,
+            "stage": run.stage, "progress": run.progress, "error": display_text(run.error),
+            "version_id": run.version_id,
             "decision": (run.metrics or {}).get("decision"), "created_at": iso(run.created_at),
             "started_at": iso(run.started_at), "finished_at": iso(run.finished_at),
             "heartbeat_at": iso(run.heartbeat_at), "pid": run.pid}
     if full:
-        data.update(feedback_counts=run.feedback_counts, metrics=run.metrics, config=run.config, log=run.log)
+        data.update(feedback_counts=run.feedback_counts, metrics=display_paths(run.metrics),
+                    config=display_paths(run.config), log=display_text(run.log))
     return data
 
 
@@ -96,21 +99,21 @@ def post_conclude(key: str):
 def list_versions():
     versions = db.session.scalars(db.select(ModelVersion).order_by(ModelVersion.id.desc())).all()
     active = active_version()
-    return jsonify(versions=[v.to_dict() | {"parent": v.parent.name if v.parent else None} for v in versions],
-                   active=active.name if active else None)
+    return jsonify(versions=[display_paths(v.to_dict()) | {"parent": v.parent.name if v.parent else None}
+                             for v in versions], active=active.name if active else None)
 
 
 @bp.post("/versions/<int:version_id>/promote")
 @admin_api
 def post_promote(version_id: int):
-    return jsonify(version=promote_version(version_id).to_dict())
+    return jsonify(version=display_paths(promote_version(version_id).to_dict()))
 
 
 @bp.post("/versions/<int:version_id>/rollback")
 @admin_api
 def post_rollback(version_id: int):
     target = rollback_version(version_id)
-    return jsonify(active=target.to_dict())
+    return jsonify(active=display_paths(target.to_dict()))
 
 
 # ---------------------------------------------------------------------------- training runs
