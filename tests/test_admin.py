@@ -321,3 +321,247 @@ def test_not_enough_data_state_and_srm_warning(setup):
     srm = admin.get("/api/admin/metrics").get_json()["srm"]
     assert srm["mismatch"] is True and srm["p_value"] < 0.001 and srm["observed"] == {"control": 600, "variant": 400}
     assert "Sample ratio mismatch" in admin.get("/admin/experiments/e1").get_data(as_text=True)
+
+
+# ---------------------------------------------------------------------------- dashboard contents
+
+from datetime import datetime, timedelta  # noqa: E402
+
+from tests.feedback_factory import add_exchange  # noqa: E402
+from webapp.models import AnswerScore, Comparison, Conversation, Feedback, TrainingRun, utcnow  # noqa: E402
+
+ISO_SECONDS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+
+def answer_at(user_id: int, when: datetime, thumb: str | None = "up", rating: int | None = 4,
+              correction: str | None = None, experiment_id: int | None = None, arm: str | None = None,
+              version_id: int | None = 1):
+    """One conversation whose answer (and its feedback, if any) were written at ``when``."""
+    q, (a,) = add_exchange(user_id, "How do I boil rice?", ["Rinse it, then simmer."], version_id)
+    q.created_at = a.created_at = when
+    a.experiment_id, a.arm = experiment_id, arm
+    if thumb or rating or correction:
+        db.session.add(Feedback(user_id=user_id, message_id=a.id, thumb=thumb, rating=rating, correction=correction,
+                                created_at=when, updated_at=when))
+    return q, a
+
+
+def anon_user(name: str) -> int:
+    user = User(anon_id=name)
+    db.session.add(user)
+    db.session.flush()
+    return user.id
+
+
+def test_answers_card_counts_the_last_24_hours(setup):
+    app, _ = setup
+    now = utcnow()
+    with app.app_context():
+        uid = anon_user("u1")
+        for hours in (0.1, 5, 23.5):  # inside the last day
+            answer_at(uid, now - timedelta(hours=hours))
+        for hours in (24.5, 30, 24 * 9):  # older
+            answer_at(uid, now - timedelta(hours=hours))
+        db.session.commit()
+    html = Admin(app).get("/admin/").get_data(as_text=True)
+    assert re.search(r'data-testid="answers-24h">3<', html)
+    assert "6 all time" in html
+
+
+def test_overview_counts_feedback_events_as_training_does(setup):
+    """3 rated answers and 2 compare votes are 5 events on the overview, as training counts them;
+    comment-only feedback and deleted conversations are not events."""
+    from webapp.training import feedback_events
+
+    app, _ = setup
+    now = utcnow()
+    with app.app_context():
+        uid = anon_user("u1")
+        answer_at(uid, now - timedelta(hours=1), thumb="up", rating=5)
+        answer_at(uid, now - timedelta(hours=2), thumb="down", rating=None, correction="Rinse, then simmer 12 min.")
+        answer_at(uid, now - timedelta(days=3), thumb=None, rating=2)
+        _, silent = answer_at(uid, now, thumb=None, rating=None)
+        db.session.add(Feedback(user_id=uid, message_id=silent.id, comment="just a comment"))
+        gone_q, gone_a = answer_at(uid, now, thumb="up")
+        db.session.get(Conversation, gone_q.conversation_id).deleted_at = now
+        for days in (0, 2):
+            q, (a, b) = add_exchange(uid, "Which is better?", ["A", "B"], 1)
+            db.session.add(Comparison(user_id=uid, prompt_message_id=q.id, message_a_id=a.id, message_b_id=b.id,
+                                      winner="a", voted_at=now - timedelta(days=days, minutes=5)))
+        db.session.commit()
+        expected = feedback_events()
+    assert expected["total"] == 5 and expected["votes"] == 2
+    html = Admin(app).get("/admin/").get_data(as_text=True)
+    assert re.search(r'data-testid="feedback-total">5<', html)
+    assert re.search(r'data-testid="feedback-24h">3<', html)  # two rated answers and one vote today
+    for kind in ("thumbs", "ratings", "corrections", "votes"):
+        assert re.search(rf'data-kind="{kind}">{expected[kind]}<', html), kind
+
+
+def test_scheduler_card(setup, monkeypatch):
+    import webapp.scheduler as scheduler
+
+    app, _ = setup
+    admin = Admin(app)
+    monkeypatch.setattr(scheduler, "scheduler_status", lambda: {
+        "running": True, "where": "web process (pid 4242)",
+        "jobs": [{"id": "retrain", "name": "retrain", "next_run": datetime(2026, 11, 23, 14, 5, 7, 123456)},
+                 {"id": "housekeeping", "name": "housekeeping", "next_run": None}],
+        "last_retrain": {"at": datetime(2026, 11, 23, 13, 5, 0), "action": "skip",
+                         "reason": "12 of 50 feedback events"}}, raising=False)
+    html = admin.get("/admin/").get_data(as_text=True)
+    card = html[html.index('data-testid="scheduler-card"'):]
+    card = card[:card.index("</section>")]
+    assert "running</span> in the web process (pid 4242)" in card
+    assert '<time datetime="2026-11-23T14:05:07Z" title="2026-11-23T14:05:07Z" data-local>23 Nov 2026, 14:05 UTC</time>' in card
+    assert "housekeeping</b>: paused" in card
+    assert "no run" in card and "12 of 50 feedback events" in card
+
+    monkeypatch.setattr(scheduler, "scheduler_status", lambda: {
+        "running": False, "where": None, "jobs": [], "last_retrain": {
+            "at": datetime(2026, 11, 23, 13, 5), "action": "train", "reason": "60 of 50 feedback events"}},
+        raising=False)
+    card = admin.get("/admin/").get_data(as_text=True)
+    assert "not running" in card and "started a training run" in card and "60 of 50" in card
+
+    def broken():
+        raise RuntimeError("job store unreadable")
+    monkeypatch.setattr(scheduler, "scheduler_status", broken, raising=False)
+    resp = admin.get("/admin/")
+    assert resp.status_code == 200 and "job store unreadable" in resp.get_data(as_text=True)
+    assert 'data-testid="active-version">v1-base<' in resp.get_data(as_text=True)  # the rest still renders
+
+
+def test_admin_pages_show_readable_times_with_the_exact_time_on_hover(setup):
+    app, _ = setup
+    admin = Admin(app)
+    admin.post("/api/admin/experiments", {"key": "e1", "control_version_id": 1, "variant_version_id": 2})
+    with app.app_context():
+        uid = anon_user("u1")
+        answer_at(uid, utcnow() - timedelta(minutes=3))
+        db.session.add(TrainingRun(status="succeeded", started_at=datetime(2026, 1, 2, 3, 4, 5, 678901),
+                                   finished_at=datetime(2026, 1, 2, 3, 9, 0, 1)))
+        db.session.commit()
+    for url in ("/admin/", "/admin/experiments", "/admin/experiments/e1", "/admin/runs", "/admin/runs/1",
+                "/admin/versions", "/admin/feedback"):
+        html = admin.get(url).get_data(as_text=True)
+        times = re.findall(r'<time datetime="([^"]+)" title="([^"]+)" data-local>([^<]+)</time>', html)
+        assert times, url
+        for exact, title, text in times:
+            assert ISO_SECONDS.match(exact) and title == exact, (url, exact)
+            assert re.match(r"^\d{1,2} [A-Z][a-z]{2} \d{4}, \d\d:\d\d UTC$", text), (url, text)
+        assert not re.search(r"\d\d:\d\d:\d\d\.\d{6}", html), url  # no microseconds anywhere
+    runs = admin.get("/admin/runs").get_data(as_text=True)
+    assert '<time datetime="2026-01-02T03:04:05Z" title="2026-01-02T03:04:05Z" data-local>2 Jan 2026, 03:04 UTC</time>' in runs
+
+
+def test_paths_are_relative_to_the_instance_folder(setup):
+    app, inst = setup
+    admin = Admin(app)
+    reward = inst / "runs" / "run-1" / "reward_model"
+    reward.mkdir(parents=True)
+    (reward / "config.json").write_text("{}")
+    with app.app_context():
+        run = TrainingRun(status="succeeded", algorithm="ppo", log=f"saved the reward model to {reward}\n",
+                          metrics={"reward_model_path": str(reward), "decision": "candidate",
+                                   "reward_model": {"heldout_accuracy": 0.8, "eval_pairs": 10, "train_pairs": 40},
+                                   "evaluation": {"parent": {"mean_reward": 0.1}, "candidate": {"mean_reward": 0.3},
+                                                  "reward_gain": 0.2, "kl_from_parent": 0.01, "passed": True,
+                                                  "reasons": []}})
+        db.session.add(run)
+        db.session.flush()
+        v2 = db.session.get(ModelVersion, 2)
+        v2.training_run_id, v2.metrics = run.id, {"reward_model_path": str(reward)}
+        db.session.commit()
+    admin.post("/api/admin/experiments", {"key": "e1", "control_version_id": 1, "variant_version_id": 2})
+    with app.app_context():  # one answer, already scored (no reward model is loaded)
+        uid = anon_user("u1")
+        _, a = answer_at(uid, utcnow(), experiment_id=1, arm="variant", version_id=2)
+        db.session.add(AnswerScore(message_id=a.id, reward_model=str(reward), score=0.5))
+        db.session.commit()
+    absolute = str(inst)
+    pages = {url: admin.get(url).get_data(as_text=True)
+             for url in ("/admin/experiments/e1", "/admin/runs/1", "/admin/versions", "/admin/", "/admin/runs")}
+    assert "<code>runs/run-1/reward_model</code>" in pages["/admin/experiments/e1"]
+    assert "runs/run-1/reward_model" in pages["/admin/runs/1"]
+    assert "models/v2-ppo" in pages["/admin/versions"]
+    for url, html in pages.items():
+        assert absolute not in html, url
+    metrics = admin.get("/api/admin/metrics?experiment=e1").get_json()
+    assert metrics["reward_model"] == "runs/run-1/reward_model"
+    versions_api = admin.get("/api/admin/versions").get_json()
+    assert absolute not in json.dumps(versions_api)
+    assert versions_api["versions"][1]["metrics"]["reward_model_path"] == "runs/run-1/reward_model"
+    run_api = admin.get("/api/admin/runs/1").get_json()
+    assert absolute not in json.dumps(run_api)
+    assert run_api["log"] == "saved the reward model to runs/run-1/reward_model\n"
+
+
+def test_charts_of_a_few_hours_have_several_points(setup):
+    from webapp.ab_metrics import bucket_size
+
+    app, _ = setup
+    assert bucket_size(timedelta(hours=2)) == (timedelta(minutes=10), "10 min")
+    assert bucket_size(timedelta(hours=5)) == (timedelta(hours=1), "hour")
+    assert bucket_size(timedelta(days=3)) == (timedelta(hours=1), "hour")
+    assert bucket_size(timedelta(days=4)) == (timedelta(days=1), "day")
+    admin = Admin(app)
+    admin.post("/api/admin/experiments", {"key": "e1", "control_version_id": 1, "variant_version_id": 2})
+    now = utcnow()
+    with app.app_context():
+        exp = db.session.scalars(db.select(Experiment)).one()
+        exp.started_at = now - timedelta(hours=5)
+        for i in range(30):  # answers over the last 5 hours, alternating arms
+            uid = anon_user(f"u{i}")
+            arm = ("control", "variant")[i % 2]
+            answer_at(uid, now - timedelta(minutes=5 + 9 * i), thumb=("up", "down")[i % 3 == 0], rating=1 + i % 5,
+                      experiment_id=exp.id, arm=arm, version_id=1 + i % 2)
+        db.session.commit()
+    data = admin.get("/api/admin/metrics?experiment=e1").get_json()
+    timeline = data["timeline"]
+    assert timeline["unit"] == "hour" and timeline["bucket_seconds"] == 3600
+    assert 5 <= len(timeline["starts"]) <= 7
+    assert all(ISO_SECONDS.match(s) for s in timeline["starts"])
+    for arm in ("control", "variant"):
+        assert sum(timeline["series"]["answers"][arm]) == 15
+        rates = [r for r in timeline["series"]["thumbs_up_rate"][arm] if r is not None]
+        assert len(rates) >= 4 and all(0 <= r <= 1 for r in rates)
+    assert len(data["daily"]["dates"]) <= 2  # what the old per-day charts had to draw
+    html = admin.get("/admin/experiments/e1").get_data(as_text=True)
+    answers_chart = html[html.index('data-chart="answers"'):]
+    answers_chart = answers_chart[:answers_chart.index("</figure>")]
+    assert "Answers per hour" in answers_chart
+    assert answers_chart.count('class="chart-dot series-variant"') >= 5
+    assert answers_chart.count('<polyline class="chart-line series-control"') == 1
+    assert " style=" not in html and "fill=\"#" not in html  # styled by classes (CSP: no inline styles)
+
+
+def test_new_experiment_form_defaults_to_two_different_versions(setup):
+    app, _ = setup
+    admin = Admin(app)
+
+    def selected(html, name):
+        select = re.search(rf'<select [^>]*name="{name}".*?</select>', html, re.S).group(0)
+        return re.search(r'<option value="(\d+)" selected>', select).group(1)
+
+    html = admin.get("/admin/experiments").get_data(as_text=True)
+    assert (selected(html, "control_version_id"), selected(html, "variant_version_id")) == ("1", "2")
+    with app.app_context():  # no candidate: the newest other version
+        db.session.get(ModelVersion, 2).status = "retired"
+        db.session.commit()
+    html = admin.get("/admin/experiments").get_data(as_text=True)
+    assert (selected(html, "control_version_id"), selected(html, "variant_version_id")) == ("1", "2")
+    with app.app_context():  # only one usable version: no form, a sentence instead
+        db.session.delete(db.session.get(ModelVersion, 2))
+        db.session.commit()
+    html = admin.get("/admin/experiments").get_data(as_text=True)
+    assert 'data-testid="one-version"' in html and "Only one model version (v1-base)" in html
+    assert 'data-action="create-experiment"' not in html
+
+
+def test_new_experiment_form_prefers_the_newest_candidate(setup, micro_model_dir):
+    app, _ = setup
+    newest = register_model(app, micro_model_dir, name="v4-dpo", status="candidate")
+    html = Admin(app).get("/admin/experiments").get_data(as_text=True)
+    variant = re.search(r'<select [^>]*name="variant_version_id".*?</select>', html, re.S).group(0)
+    assert f'<option value="{newest}" selected>v4-dpo (candidate)' in variant

@@ -57,9 +57,13 @@
       const split = parseFloat(new FormData(form).get("traffic_split"));
       act(() => call("PATCH", `/api/admin/experiments/${form.dataset.key}`, { traffic_split: split }));
     },
-    "start-run": (form) => {
-      act(async () => { await call("POST", "/api/admin/runs", { algorithm: new FormData(form).get("algorithm") });
-                        await new Promise((r) => setTimeout(r, 1500)); });
+    "start-run": async (form) => {
+      try {
+        const data = await call("POST", "/api/admin/runs", { algorithm: new FormData(form).get("algorithm") });
+        if (data && data.run_id) { window.location.href = `/admin/runs/${encodeURIComponent(data.run_id)}`; return; }
+        await new Promise((r) => setTimeout(r, 1500));  // no run id: give the child process a moment to register
+        window.location.reload();
+      } catch (e) { showError(e.message); }
     },
   };
 
@@ -88,6 +92,83 @@
       } catch (e) { clearInterval(timer); showError(e.message); }
     }, 2000);
   }
+  // Timestamps: the server writes <time datetime="...Z" title="...Z" data-local>23 Nov 2026, 14:05 UTC</time>;
+  // here they become the browser's local time ("5 min ago" when recent), the exact UTC time
+  // staying on hover. Chart axis labels (<text data-time=... data-time-format=...>) likewise.
+  const dateTimeFmt = new Intl.DateTimeFormat(undefined, { day: "numeric", month: "short", year: "numeric",
+                                                           hour: "2-digit", minute: "2-digit" });
+  const timeFmt = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
+  const dayFmt = new Intl.DateTimeFormat(undefined, { day: "numeric", month: "short" });
+  const dayTimeFmt = new Intl.DateTimeFormat(undefined, { day: "numeric", month: "short", hour: "2-digit",
+                                                          minute: "2-digit" });
+  const sameDay = (a, b) => a.getFullYear() === b.getFullYear() && a.getMonth() === b.getMonth()
+    && a.getDate() === b.getDate();
+
+  function humanTime(date, now) {
+    const minutes = Math.round((now - date) / 60000);
+    if (Math.abs(minutes) < 1) return "just now";
+    if (minutes > 0 && minutes < 60) return `${minutes} min ago`;
+    if (minutes < 0 && minutes > -60) return `in ${-minutes} min`;
+    const today = new Date(now);
+    const yesterday = new Date(now);
+    yesterday.setDate(yesterday.getDate() - 1);
+    const tomorrow = new Date(now);
+    tomorrow.setDate(tomorrow.getDate() + 1);
+    if (sameDay(date, today)) return `today, ${timeFmt.format(date)}`;
+    if (sameDay(date, yesterday)) return `yesterday, ${timeFmt.format(date)}`;
+    if (sameDay(date, tomorrow)) return `tomorrow, ${timeFmt.format(date)}`;
+    return dateTimeFmt.format(date);
+  }
+
+  function localizeTimes() {
+    const now = new Date();
+    for (const el of document.querySelectorAll("time[data-local]")) {
+      const date = new Date(el.dateTime);
+      if (Number.isNaN(date.getTime())) continue;
+      el.textContent = humanTime(date, now);
+      if (!el.title) el.title = el.dateTime;
+    }
+    const axisFormats = { time: timeFmt, date: dayFmt, datetime: dayTimeFmt };
+    for (const el of document.querySelectorAll("svg text[data-time]")) {
+      const date = new Date(el.dataset.time);
+      const fmt = axisFormats[el.dataset.timeFormat];
+      if (fmt && !Number.isNaN(date.getTime())) el.textContent = fmt.format(date);
+    }
+  }
+  localizeTimes();
+  setInterval(localizeTimes, 30000);  // keeps "5 min ago" true
+
+  // Wide tables scroll sideways inside their box on small screens; a box that scrolls can be
+  // focused (and scrolled with the arrow keys), one that does not stays out of the tab order.
+  function markScrollableTables() {
+    for (const box of document.querySelectorAll(".table-scroll")) {
+      if (box.scrollWidth > box.clientWidth + 1) {
+        box.tabIndex = 0;
+        box.setAttribute("role", "region");
+        box.setAttribute("aria-label", `${box.dataset.scrollLabel || "Table"} (scrolls sideways)`);
+      } else {
+        box.removeAttribute("tabindex");
+        box.removeAttribute("role");
+        box.removeAttribute("aria-label");
+      }
+    }
+  }
+  // On a phone, list tables reflow into one card per row (admin.css): each cell is labelled
+  // with its column's header; empty cells are left out. Without JavaScript they scroll instead.
+  for (const table of document.querySelectorAll("table.list")) {
+    const headers = [...table.querySelectorAll("thead th")].map((th) => th.textContent.trim());
+    for (const row of table.querySelectorAll("tbody tr")) {
+      [...row.cells].forEach((cell, i) => {
+        if (cell.colSpan > 1) { cell.dataset.wide = ""; return; }
+        if (headers[i]) cell.dataset.label = headers[i];
+        if (!cell.textContent.trim() && !cell.querySelector("button, progress, input, a")) cell.dataset.empty = "";
+      });
+    }
+    table.classList.add("reflow");
+  }
+  markScrollableTables();
+  window.addEventListener("resize", markScrollableTables);
+
   // The runs list refreshes while any run is in progress.
   if (document.querySelector("table[data-poll='runs'] .status-running")) setTimeout(() => window.location.reload(), 3000);
 })();
