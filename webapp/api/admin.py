@@ -3,9 +3,6 @@ Everything here answers 401 without an admin login; state changes also need the 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from flask import Blueprint, Response, current_app, jsonify, request
@@ -138,7 +135,7 @@ def get_run(run_id: int):
 @admin_api
 def start_run():
     """Start `rl-train` as a child process (the web server never trains in-process)."""
-    from ..training import feedback_event_count
+    from ..training import feedback_event_count, spawn_training
 
     data = json_body({"algorithm", "max_steps"}, required=False)
     algorithm = data.get("algorithm", "ppo")
@@ -155,27 +152,8 @@ def start_run():
     needed = int(current_app.config["RLHF_RETRAIN_MIN_FEEDBACK"])
     if events < needed:
         raise Conflict(f"Not enough feedback yet: {events} feedback events, need at least {needed}.")
-    proc = spawn_training(algorithm, max_steps, trigger="manual")
-    return jsonify(started=True, pid=proc.pid, algorithm=algorithm), 202
-
-
-def spawn_training(algorithm: str = "ppo", max_steps: int | None = None, trigger: str = "manual",
-                   min_feedback: int | None = None) -> subprocess.Popen:
-    instance = Path(current_app.config["INSTANCE_DIR"])
-    log_dir = instance / "logs"
-    log_dir.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "flask", "--app", "webapp", "rl-train", "--algorithm", algorithm,
-           "--trigger", trigger, "--json"]
-    if max_steps:
-        cmd += ["--max-steps", str(max_steps)]
-    if min_feedback is not None:
-        cmd += ["--min-feedback", str(min_feedback)]
-    env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance)}
-    if current_app.config.get("SQLALCHEMY_DATABASE_URI"):
-        env["DATABASE_URL"] = current_app.config["SQLALCHEMY_DATABASE_URI"]
-    log = open(log_dir / "training.log", "ab")
-    return subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[2], env=env, stdout=log, stderr=log,
-                            start_new_session=True)
+    run_id, proc = spawn_training(algorithm, max_steps, trigger="manual")
+    return jsonify(started=True, run_id=run_id, pid=proc.pid, algorithm=algorithm, status="queued"), 202
 
 
 # ---------------------------------------------------------------------------- feedback & export
