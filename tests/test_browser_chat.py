@@ -9,6 +9,7 @@ import pytest
 from tests.browser_checks import XSS, assert_nothing_injected, watch_csp, watch_dialogs
 from tests.conftest import make_app, register_model
 from tests.live_server import LiveServer
+from webapp.api.chat import clean_title
 from webapp.extensions import db
 from webapp.models import Comparison, Conversation, Feedback, Message, User
 
@@ -77,7 +78,7 @@ def test_full_chat_flow_persists_across_reload(page, chat_server):
     assert page.evaluate("window.__updates") >= 3  # it streamed token by token
     first_answer = page.locator(".assistant-message .content").first.inner_text()
     assert len(first_answer.split()) >= 3
-    assert page.locator(".conversation-link").first.inner_text() == "How do I cook rice?"
+    assert page.locator(".conversation-link").first.inner_text() == "How do I cook rice"  # cleaned title
 
     # thumbs up with a reason, and 4 stars
     page.click(".assistant-message .thumb-up")
@@ -172,7 +173,7 @@ def test_xss_payloads_render_as_text(page):
     send(page, XSS)
     wait_for_answers(page, 1)
     assert page.locator(".user-message .bubble").first.inner_text() == XSS
-    assert page.locator(".conversation-link").first.inner_text() == XSS[:57].rstrip() + "..."
+    assert page.locator(".conversation-link").first.inner_text() == clean_title(XSS)
     page.click(".assistant-message .correct")
     page.fill(".correction-input", XSS)
     page.click(".save-correction")
@@ -214,7 +215,7 @@ def test_conversations_switch_and_delete(page):
     wait_for_answers(page, 1)
     wait_for_count(page, ".conversation-item", 2)
     links = page.locator(".conversation-link")
-    assert links.all_inner_texts()[:2] == ["How can I sing better?", "How do I train my dog?"]
+    assert links.all_inner_texts()[:2] == ["How can I sing better", "How do I train my dog"]
     links.nth(1).click()
     page.wait_for_selector(".user-message .bubble:text('How do I train my dog?')")
     page.on("dialog", lambda d: d.accept())
@@ -223,7 +224,7 @@ def test_conversations_switch_and_delete(page):
     wait_for_count(page, ".conversation-item", 1)
     page.reload()
     page.wait_for_selector(".conversation-item")
-    assert page.locator(".conversation-link").all_inner_texts() == ["How can I sing better?"]
+    assert page.locator(".conversation-link").all_inner_texts() == ["How can I sing better"]
 
 
 def test_too_long_message_shows_a_readable_error_and_keeps_the_text(page):
