@@ -32,7 +32,8 @@ TAP_TARGETS = """() => {
         if (!r.width || !r.height || getComputedStyle(target).visibility === 'hidden') continue;
         if (r.width < 44 || r.height < 44) {
             const name = el.getAttribute('aria-label') || el.textContent.trim().slice(0, 30) || el.className;
-            small.push(`${el.tagName.toLowerCase()}.${el.className} "${name}": ${r.width.toFixed(1)}x${r.height.toFixed(1)}`);
+            const size = `${r.width.toFixed(1)}x${r.height.toFixed(1)}`;
+            small.push(`${el.tagName.toLowerCase()}.${el.className} "${name}": ${size}`);
         }
     }
     return small;
