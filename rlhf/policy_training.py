@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from .loading import resolve_device
 from .preference_data import to_standard
-from .reward_model import context_length
+from .reward_model import context_length, score_texts
 from .trl_utils import ProgressCallback, drop_printer, quiet_trl, training_precision
 
 ProgressFn = Callable[[str, int, int], None]
@@ -228,6 +228,34 @@ def train_kto(policy_dir: str | Path, train_examples: list[dict], out_dir: str |
 
 # ---------------------------------------------------------------------------- RLOO
 
+def _reward_function(reward: Any, tokenizer: Any) -> Callable[..., list[float]]:
+    """The reward model as a TRL reward function. TRL's own path for a reward *model* tokenizes
+    prompt + completion without truncation, which overruns the model's positions when a
+    re-encoded completion comes out longer than it was generated; ``score_texts`` keeps the end
+    of over-long texts (where the reward is read) and, like the reward model's training data,
+    ends each text with EOS."""
+    def reward_model_score(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+        return score_texts(reward, tokenizer, [p + c + tokenizer.eos_token for p, c in zip(prompts, completions)])
+
+    return reward_model_score
+
+
+def _prompt_text_within(tokenizer: Any, messages: list[dict], max_tokens: int) -> str:
+    """The prompt as text whose tokens fit ``max_tokens`` (RLOO takes text, not ids). Keeps the end
+    of an over-long prompt. Decoding a cut through a multi-byte character gives U+FFFD, which
+    encodes to more tokens than it came from, so the cut is checked by encoding it again."""
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    ids = encode(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    keep = min(len(ids), max_tokens)
+    while True:
+        text = tokenizer.decode(ids[len(ids) - keep:]).lstrip("\ufffd")
+        if len(encode(text)) <= max_tokens or keep <= 1:
+            return text
+        keep -= 1
+
+
 def train_rloo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list[dict]], out_dir: str | Path,
                settings: PolicySettings = PolicySettings(), device: str = "auto",
                progress: ProgressFn | None = None) -> dict[str, Any]:
@@ -242,11 +270,7 @@ def train_rloo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[lis
     reward = AutoModelForSequenceClassification.from_pretrained(str(reward_dir), num_labels=1)
     reward.config.pad_token_id = tokenizer.pad_token_id
     max_prompt = max(8, context_length(policy) - settings.response_length)
-    texts = []
-    for p in prompts:  # keep the end of over-long prompts so prompt + answer fit the context
-        ids = tokenizer(tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True),
-                        add_special_tokens=False)["input_ids"]
-        texts.append(tokenizer.decode(ids[-max_prompt:]))
+    texts = [_prompt_text_within(tokenizer, p, max_prompt) for p in prompts]
     dataset = Dataset.from_list([{"prompt": t} for t in texts])
     steps = settings.max_steps or max(1, settings.episodes // settings.batch_size)
     with tempfile.TemporaryDirectory(prefix="rloo-") as scratch:
@@ -254,8 +278,8 @@ def train_rloo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[lis
                           num_generations=settings.rloo_generations, max_completion_length=settings.response_length,
                           max_steps=steps, temperature=settings.temperature,
                           beta=settings.kl_coef)
-        trainer = RLOOTrainer(model=policy, reward_funcs=reward, args=args, train_dataset=dataset,
-                              processing_class=tokenizer, reward_processing_classes=tokenizer,
+        trainer = RLOOTrainer(model=policy, reward_funcs=_reward_function(reward.to(dev).eval(), tokenizer), args=args,
+                              train_dataset=dataset, processing_class=tokenizer,
                               peft_config=_lora_config(policy, settings) if settings.lora else None)
         _callbacks(trainer, progress, "policy")
         result = trainer.train()

@@ -565,3 +565,59 @@ def test_new_experiment_form_prefers_the_newest_candidate(setup, micro_model_dir
     html = Admin(app).get("/admin/experiments").get_data(as_text=True)
     variant = re.search(r'<select [^>]*name="variant_version_id".*?</select>', html, re.S).group(0)
     assert f'<option value="{newest}" selected>v4-dpo (candidate)' in variant
+
+
+def test_a_quiet_run_is_shown_late_before_the_watchdog_stops_it(setup):
+    from datetime import timedelta
+
+    from webapp.models import TrainingRun, utcnow
+
+    app, _ = setup
+    admin = Admin(app)
+    now = utcnow()
+    with app.app_context():
+        quiet = TrainingRun(status="running", stage="policy", started_at=now - timedelta(seconds=300),
+                            heartbeat_at=now - timedelta(seconds=250),
+                            config={"limits": {"stall_seconds": 600, "max_seconds": 3600}})
+        busy = TrainingRun(status="running", stage="policy", started_at=now, heartbeat_at=now,
+                           config={"limits": {"stall_seconds": 600, "max_seconds": 3600}})
+        db.session.add_all([quiet, busy])
+        db.session.commit()
+        quiet_id, busy_id = quiet.id, busy.id
+    late = admin.get(f"/api/admin/runs/{quiet_id}").get_json()["late"]
+    assert late.startswith("no progress for 25") and late.endswith("stopped after 600 s without progress")
+    assert admin.get(f"/api/admin/runs/{busy_id}").get_json()["late"] is None
+    page = admin.get(f"/admin/runs/{quiet_id}").get_data(as_text=True)
+    notice = page[page.index('data-testid="run-late"'):]
+    assert notice.split(">", 1)[0].find("hidden") == -1 and "Late: no progress for 25" in notice
+    assert 'data-testid="run-late" hidden' in admin.get(f"/admin/runs/{busy_id}").get_data(as_text=True)
+
+
+def test_starting_a_run_shows_it_queued_at_once(setup, monkeypatch):
+    import subprocess
+
+    from webapp.models import TrainingRun
+
+    app, _ = setup
+    app.config["RLHF_RETRAIN_MIN_FEEDBACK"] = 0
+    admin = Admin(app)
+    started = []
+
+    class Child:  # stands in for the rl-train process: what was started, and with which run
+        pid = 4321
+
+        def __init__(self, cmd, **kwargs):
+            started.append(cmd)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Child)
+    resp = admin.post("/api/admin/runs", {"algorithm": "dpo"})
+    assert resp.status_code == 202 and resp.get_json()["status"] == "queued"
+    run_id = resp.get_json()["run_id"]
+    assert started and started[0][started[0].index("--run-id") + 1] == str(run_id)
+    with app.app_context():
+        run = db.session.get(TrainingRun, run_id)
+        assert (run.status, run.algorithm, run.trigger, run.pid) == ("queued", "dpo", "manual", 4321)
+    assert f'href="/admin/runs/{run_id}"' in admin.get("/admin/runs").get_data(as_text=True)

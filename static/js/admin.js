@@ -88,6 +88,8 @@
         document.getElementById("run-pct").textContent = `${Math.round(run.progress * 100)}%`;
         document.getElementById("run-status").textContent = run.status;
         document.getElementById("run-log").textContent = run.log || "";
+        const late = document.getElementById("run-late");
+        if (late) { late.hidden = !run.late; late.textContent = run.late ? `Late: ${run.late}` : ""; }
         if (run.status !== "running" && run.status !== "queued") { clearInterval(timer); window.location.reload(); }
       } catch (e) { clearInterval(timer); showError(e.message); }
     }, 2000);

@@ -28,6 +28,11 @@ def run_dict(run: TrainingRun, full: bool = False) -> dict:
             "decision": (run.metrics or {}).get("decision"), "created_at": iso(run.created_at),
             "started_at": iso(run.started_at), "finished_at": iso(run.finished_at),
             "heartbeat_at": iso(run.heartbeat_at), "pid": run.pid}
+    if run.status in ("queued", "running"):
+        from ..training import run_health
+
+        health = run_health(run)
+        data["late"] = health["message"] if health["late"] else None  # shown before the watchdog stops it
     if full:
         data.update(feedback_counts=run.feedback_counts, metrics=display_paths(run.metrics),
                     config=display_paths(run.config), log=display_text(run.log))
