@@ -67,6 +67,26 @@ def test_tokenizer_has_distinct_pad_left_padding_and_chat_template():
     assert tok.decode(tok(sample)["input_ids"]) == sample
 
 
+def test_the_build_is_defined_by_its_spec_not_by_the_machine(tmp_path, micro_model_dir):
+    """Same spec, same weights, whatever the machine's load or the caller's thread count (the
+    build runs on the spec's torch threads and restores the caller's); no time cap cuts it short."""
+    from safetensors.torch import load_file
+
+    spec = spec_for("micro")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        metrics = build_embedded_model(tmp_path / "again", spec)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert metrics["train_steps"] == spec.steps and "max_train_seconds" not in metrics["spec"]
+    cached = json.loads((micro_model_dir / "build_metrics.json").read_text())
+    assert metrics["val_loss"] == cached["val_loss"]
+    ours, theirs = load_file(tmp_path / "again" / "model.safetensors"), load_file(micro_model_dir / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
 def test_micro_model_builds_reloads_and_generates(tmp_path):
     metrics = build_embedded_model(tmp_path / "m", spec_for("micro"))
     assert metrics["parameters"] > 10_000 and metrics["train_steps"] == 30
@@ -174,18 +194,18 @@ def test_other_base_model_goes_through_from_pretrained_and_is_made_chat_ready(tm
 
 @pytest.mark.slow
 def test_default_model_answers_in_english_in_the_corpus_style(default_model_dir):
-    tok = AutoTokenizer.from_pretrained(default_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(default_model_dir).eval()
+    """What a user gets from the embedded model, through the serving path (role markers and EOS
+    end an answer), with a fixed seed: plain English, about what was asked, no leaked turns."""
+    from rlhf.generation import GenerationSettings, ModelPool, generate_chat
+
+    loaded = ModelPool("cpu").get(default_model_dir)
     vocab = {w.lower() for d in corpus.generate_corpus(3000) for m in d.messages
              for w in re.findall(r"[A-Za-z']+", m["content"])}
     torch.manual_seed(0)
     questions = corpus.sample_prompts(20)
-    answers = []
-    for q in questions:
-        enc = tok(render_prompt(tok, [{"role": "user", "content": q}]), return_tensors="pt", add_special_tokens=False)
-        out = model.generate(**enc, max_new_tokens=80, do_sample=True, top_p=0.95, temperature=0.8,
-                             pad_token_id=tok.pad_token_id)
-        answers.append(tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip())
+    answers = [generate_chat(loaded, [{"role": "user", "content": q}], GenerationSettings(max_new_tokens=80)).text
+               for q in questions]
+    assert not [a for a in answers if "User:" in a or "Assistant:" in a]  # no leaked turns
     words = [w.lower() for a in answers for w in re.findall(r"[A-Za-z']+", a)]
     assert len(words) > 100
     assert sum(w in vocab for w in words) / len(words) > 0.97  # real words, not noise
@@ -193,9 +213,9 @@ def test_default_model_answers_in_english_in_the_corpus_style(default_model_dir)
     well_formed = [s for s in sentences if s[0].isupper()]
     assert len(well_formed) / len(sentences) > 0.9
     # Most answers are about what was asked (the base model also has a deliberate share of
-    # off-topic answers, which feedback should teach it to avoid).
+    # off-topic answers, 15 % of its corpus, which feedback should teach it to avoid).
     on_topic = 0
     for q, a in zip(questions, answers):
         topic = corpus.topic_of(q)
         on_topic += any(k in a.lower() for k in topic.keywords)
-    assert on_topic >= 12
+    assert on_topic >= 12, list(zip(questions, answers))  # 13 of 20 with this seed
