@@ -137,7 +137,7 @@ def test_stop_strings_and_eos_end_a_row_exactly(loaded):
     ids = tok("Rinse it first.\nUser: and then?", add_special_tokens=False)["input_ids"]
     row = generation._Row([1], GREEDY, threading.Event(), tok)
     for token in ids:
-        row.take(token, tok.eos_token_id)
+        row.take(token)
         if row.finish:
             break
     row.close()
@@ -149,8 +149,8 @@ def test_stop_strings_and_eos_end_a_row_exactly(loaded):
     # the token that completed "\nUser:" is the last one counted
     assert tok.decode(ids[:item.token_count]).endswith("User:") and item.token_count < len(ids)
     row = generation._Row([1], GREEDY, threading.Event(), tok)
-    row.take(ids[0], tok.eos_token_id)
-    row.take(tok.eos_token_id, tok.eos_token_id)
+    row.take(ids[0])
+    row.take(tok.eos_token_id)
     assert row.finish == "eos" and len(row.ids) == 2
 
 

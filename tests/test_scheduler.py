@@ -1,6 +1,8 @@
 """Continuous learning: promotion policy, scheduler jobs, housekeeping, simulated users, a small loop."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -230,3 +232,45 @@ def test_small_loop_closes_by_itself(tmp_path, micro_model_dir):
         assert arms == {"control", "variant"}  # new users are routed into the experiment
     finally:
         server.stop()
+
+
+def test_one_scheduler_per_instance_and_its_status(instance):
+    app = make_app(instance, RLHF_RETRAIN_MIN_FEEDBACK=50)
+    with app.app_context():
+        assert sched.scheduler_status()["running"] is False
+    # another process runs the scheduler: it holds the lock and wrote who it is
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, json, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX);"
+        "json.dump({'pid': 1, 'hostname': 'h', 'where': 'scheduler process', 'last': {}}, open(sys.argv[2], 'w'));"
+        "print('locked', flush=True); time.sleep(600)"), str(instance / "scheduler.lock"),
+        str(instance / "scheduler.json")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(sched.SchedulerAlreadyRunning, match=r"already runs for this instance \(scheduler process"):
+            sched.claim_scheduler(app, "web process")
+        with app.app_context():
+            status = sched.scheduler_status()
+        assert status["running"] and status["where"] == "scheduler process (pid 1)"
+    finally:
+        holder.kill()
+        holder.wait()
+    # now this process takes it; a job's outcome is what the overview shows as the last retrain check
+    sched.claim_scheduler(app, "web process")
+    try:
+        sched.build_scheduler(app)  # sets the app the jobs run against
+        sched.run_job("retrain")
+        with app.app_context():
+            status = sched.scheduler_status()
+        assert status["running"] and status["where"].startswith("web process (pid ")
+        assert status["last_retrain"]["action"] == "skip"
+        assert status["last_retrain"]["reason"] == "0 of 50 new feedback events since the last run"
+    finally:
+        sched.release_scheduler()
+
+
+def test_serve_with_several_workers_refuses_the_in_process_scheduler(instance):
+    from tests.conftest import flask_cli
+
+    result = flask_cli("serve", "--workers", "2")
+    assert result.exit_code == 1
+    assert "would run once per worker with --workers 2: set RLHF_SCHEDULER=0" in result.output

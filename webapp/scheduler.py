@@ -59,9 +59,9 @@ class SchedulerAlreadyRunning(RuntimeError):
 
 # ---------------------------------------------------------------------------- job bodies
 
-def training_in_progress() -> bool:
-    """True while some process holds the training lock (see webapp.training)."""
-    path = Path(current_app.config["INSTANCE_DIR"]) / "training.lock"
+def lock_is_held(path: Path) -> bool:
+    """True while some process holds an exclusive ``flock`` on ``path`` (a different open file
+    description, so this process's own holds count too)."""
     with open(path, "a+") as f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -69,6 +69,11 @@ def training_in_progress() -> bool:
             return True
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
         return False
+
+
+def training_in_progress() -> bool:
+    """True while some process holds the training lock (see webapp.training)."""
+    return lock_is_held(Path(current_app.config["INSTANCE_DIR"]) / "training.lock")
 
 
 def new_feedback_events() -> int:
@@ -325,15 +330,7 @@ def _record(job: str, result: dict[str, Any]) -> None:
 
 def scheduler_running() -> bool:
     """True while some process holds this instance's scheduler lock."""
-    if _LOCK_FILE is not None:
-        return True
-    with open(_instance() / "scheduler.lock", "a+") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-        return False
+    return _LOCK_FILE is not None or lock_is_held(_instance() / "scheduler.lock")
 
 
 def scheduler_status() -> dict[str, Any]:
