@@ -201,8 +201,10 @@ def train_dpo(policy_dir: str | Path, train_pairs: list[dict], out_dir: str | Pa
     """Direct preference optimisation on the same preference pairs the reward model sees."""
     from trl import DPOConfig, DPOTrainer
 
+    # keep_end: an over-long pair loses the start of its prompt; TRL's default (keep_start) drops
+    # pairs whose prompt fills the context, which left small data sets with nothing to train on
     result, log, rows = _offline(DPOTrainer, DPOConfig, policy_dir, train_pairs, ("prompt", "chosen", "rejected"),
-                                 out_dir, settings, device, progress)
+                                 out_dir, settings, device, progress, truncation_mode="keep_end")
     return {"algorithm": "dpo", "pairs": len(rows), "steps": result.global_step, "train_loss": round(result.training_loss, 4),
             "lora": settings.lora, **_history(log, ("rewards/accuracies", "rewards/margins", "loss"))}
 

@@ -78,6 +78,19 @@ def pairwise_accuracy(model: Any, tokenizer: Any, rows: list[dict]) -> float | N
     return sum(c > r for c, r in zip(chosen, rejected)) / len(rows)
 
 
+def tokenized_pairs(tokenizer: Any, rows: list[dict], max_length: int) -> list[dict]:
+    """Standard-format pairs as the token ids RewardTrainer trains on, each text cut to its last
+    ``max_length`` tokens. Left to itself, TRL drops every pair longer than ``max_length``: a
+    small data set of long conversations then had no pair left (a sampler error), and long
+    answers were never learned from. The end is kept because the reward is read at the last
+    token, as ``score_texts`` reads it."""
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"][-max_length:]
+
+    return [{"chosen_ids": ids(r["prompt"] + r["chosen"]), "rejected_ids": ids(r["prompt"] + r["rejected"]),
+             "margin": r["margin"]} for r in rows]
+
+
 def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pairs: list[dict], out_dir: str | Path,
                        settings: RewardSettings = RewardSettings(), device: str = "auto",
                        progress: ProgressFn | None = None) -> dict[str, Any]:
@@ -96,8 +109,8 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
 
     train_rows = [to_standard(r, tokenizer) for r in train_pairs]
     eval_rows = [to_standard(r, tokenizer) for r in eval_pairs]
-    columns = ("prompt", "chosen", "rejected", "margin")
-    train_ds = Dataset.from_list([{k: r[k] for k in columns} for r in train_rows])
+    max_length = min(settings.max_length, context_length(model))
+    train_ds = Dataset.from_list(tokenized_pairs(tokenizer, train_rows, max_length))
 
     steps_per_epoch = math.ceil(len(train_rows) / settings.batch_size)
     epochs = max(settings.epochs, math.ceil(settings.min_steps / max(1, steps_per_epoch)))
@@ -105,7 +118,7 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
         args = RewardConfig(
             output_dir=scratch, num_train_epochs=epochs, max_steps=settings.max_steps,
             per_device_train_batch_size=settings.batch_size, learning_rate=settings.learning_rate,
-            max_length=min(settings.max_length, context_length(model)), center_rewards_coefficient=settings.center_rewards_coefficient,
+            max_length=max_length, center_rewards_coefficient=settings.center_rewards_coefficient,
             lr_scheduler_type="linear", warmup_steps=max(1, steps_per_epoch // 4), weight_decay=0.0,
             logging_steps=max(1, steps_per_epoch), save_strategy="no", report_to=[], disable_tqdm=True,
             seed=settings.seed, data_seed=settings.seed, use_cpu=dev.type == "cpu", dataloader_num_workers=0,

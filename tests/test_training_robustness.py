@@ -322,3 +322,19 @@ def test_rloo_prompts_cut_through_a_multibyte_character_still_fit(micro_model_di
     text = _prompt_text_within(tok, messages, 64)
     assert len(tok(text, add_special_tokens=False)["input_ids"]) <= 64
     assert text.endswith("\nAssistant:") and "\ufffd" not in text
+
+
+def test_long_pairs_are_cut_to_the_reward_models_context_not_dropped(micro_model_dir):
+    """TRL's RewardTrainer dropped every pair longer than its max_length: a small data set of
+    long conversations had none left ("num_samples=0"), found by the property test above."""
+    from transformers import AutoTokenizer
+
+    from rlhf.reward_model import tokenized_pairs
+
+    tok = AutoTokenizer.from_pretrained(micro_model_dir)
+    rows = [{"prompt": "User: " + "tell me more " * 100 + "\nAssistant:", "chosen": " Rinse it." + tok.eos_token,
+             "rejected": " No." + tok.eos_token, "margin": 1.0}]
+    [pair] = tokenized_pairs(tok, rows, 64)
+    assert len(pair["chosen_ids"]) == len(pair["rejected_ids"]) == 64 and pair["margin"] == 1.0
+    assert pair["chosen_ids"][-1] == pair["rejected_ids"][-1] == tok.eos_token_id  # the end is kept
+    assert tok.decode(pair["chosen_ids"]).endswith("Assistant: Rinse it." + tok.eos_token)

@@ -29,7 +29,7 @@ import shutil
 import socket
 import subprocess
 import threading
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -252,9 +252,14 @@ def build_scheduler(app: Flask, blocking: bool = False):
     intervals = {"retrain": cfg["RLHF_RETRAIN_INTERVAL_SECONDS"], "experiment_monitor": cfg["RLHF_MONITOR_INTERVAL_SECONDS"],
                  "housekeeping": cfg["RLHF_HOUSEKEEPING_INTERVAL_SECONDS"],
                  "watchdog": cfg["RLHF_WATCHDOG_INTERVAL_SECONDS"]}
+    # every job looks once soon after a (re)start, then at its interval: the overview can say at
+    # once why the loop is or is not training, rather than "none yet" for an hour
+    soon = datetime.now(timezone.utc) + timedelta(seconds=30)
     for job_id in JOB_IDS:
-        scheduler.add_job("webapp.scheduler:run_job", "interval", seconds=float(intervals[job_id]), args=[job_id],
-                          id=job_id, name=job_id.replace("_", " "), replace_existing=True)
+        seconds = float(intervals[job_id])
+        scheduler.add_job("webapp.scheduler:run_job", "interval", seconds=seconds, args=[job_id],
+                          id=job_id, name=job_id.replace("_", " "), replace_existing=True,
+                          next_run_time=min(soon, datetime.now(timezone.utc) + timedelta(seconds=seconds)))
     return scheduler
 
 
