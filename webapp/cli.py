@@ -136,15 +136,15 @@ def rl_train_command(algorithm: str, min_feedback: int | None, max_steps: int | 
     """
     from .training import EXIT_FAILED, EXIT_GATE_REJECTED, EXIT_REFUSED, RunRefused, dumps, run_training
 
-    threads = int(current_app.config["RLHF_TRAIN_THREADS"])
-    if threads > 0:  # leave cores to a web server on the same machine
-        import torch
+    import torch
 
-        torch.set_num_threads(threads)
+    from rlhf.embedded import torch_threads
+
+    threads = int(current_app.config["RLHF_TRAIN_THREADS"])  # leave cores to a web server on the same machine
     bars = StageBars(disable=not sys.stderr.isatty())
     try:
         # Libraries print to stdout during training; keep stdout for the result alone.
-        with bars, contextlib.redirect_stdout(sys.stderr):
+        with torch_threads(threads or torch.get_num_threads()), bars, contextlib.redirect_stdout(sys.stderr):
             result = run_training(trigger=trigger, algorithm=algorithm, min_feedback=min_feedback,
                                   max_steps=max_steps, lora=lora, bars=bars, run_id=run_id, watchdog=True)
     except RunRefused as exc:
