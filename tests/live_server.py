@@ -66,3 +66,21 @@ class LiveServer:
     def stop(self) -> None:
         stop_process(self.proc)
         self._log.close()
+
+
+def chat_server_fixture(name: str):
+    """A module-scoped fixture: the production server on the embedded default model, in a fresh
+    instance folder; yields (server, instance)."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def chat_server(tmp_path_factory, default_model_dir):
+        from tests.conftest import make_app, register_model
+
+        instance = tmp_path_factory.mktemp(name) / "instance"
+        register_model(make_app(instance), default_model_dir)
+        server = LiveServer(instance)
+        yield server, instance
+        server.stop()
+
+    return chat_server

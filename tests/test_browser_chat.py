@@ -7,21 +7,15 @@ import re
 import pytest
 
 from tests.browser_checks import XSS, assert_nothing_injected, watch_csp, watch_dialogs
-from tests.conftest import make_app, register_model
-from tests.live_server import LiveServer
+from tests.conftest import make_app
+from tests.live_server import chat_server_fixture
 from webapp.api.chat import clean_title
 from webapp.extensions import db
 from webapp.models import Comparison, Conversation, Feedback, Message, User
 
 pytestmark = pytest.mark.browser
 
-@pytest.fixture(scope="module")
-def chat_server(tmp_path_factory, default_model_dir):
-    instance = tmp_path_factory.mktemp("browser") / "instance"
-    register_model(make_app(instance), default_model_dir)
-    server = LiveServer(instance)
-    yield server, instance
-    server.stop()
+chat_server = chat_server_fixture("browser")
 
 
 @pytest.fixture

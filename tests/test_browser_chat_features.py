@@ -13,8 +13,8 @@ from playwright.sync_api import expect
 
 from tests.accessibility import assert_accessible
 from tests.browser_checks import assert_nothing_injected, watch_csp, watch_dialogs
-from tests.conftest import make_app, register_model
-from tests.live_server import LiveServer
+from tests.conftest import make_app
+from tests.live_server import chat_server_fixture
 from tests.test_browser_chat import send, wait_for_answers, wait_for_count
 from webapp.extensions import db
 from webapp.models import Comparison, Conversation, Feedback, Message, utcnow
@@ -45,13 +45,7 @@ CODE = 'def cook(rice):\n    return rice * 2  # <b>not bold</b>'
 MARKDOWN_QUESTION = "Why is **this** <script>window.__xss=7</script> `code`?"
 
 
-@pytest.fixture(scope="module")
-def chat_server(tmp_path_factory, default_model_dir):
-    instance = tmp_path_factory.mktemp("browser-features") / "instance"
-    register_model(make_app(instance), default_model_dir)
-    server = LiveServer(instance)
-    yield server, instance
-    server.stop()
+chat_server = chat_server_fixture("browser-features")
 
 
 @pytest.fixture(scope="module")
