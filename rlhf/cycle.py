@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .adapters import is_adapter
+from .curves import TrainingLogs
 from .evaluation import EvalSettings, GateThresholds, evaluate_candidate
 from .loading import load_causal_lm
 from .policy_training import ALGORITHMS, PolicySettings, train_dpo, train_kto, train_ppo, train_rloo
@@ -90,10 +91,11 @@ def prepare_data(conversations: list[ConversationRecord], settings: CycleSetting
 def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, reward_dir: str | Path,
               policy_dir: str | Path, settings: CycleSettings = CycleSettings(),
               progress: ProgressFn | None = None, log: LogFn | None = None,
-              bundle: DatasetBundle | None = None) -> CycleResult:
+              bundle: DatasetBundle | None = None, logs: TrainingLogs | None = None) -> CycleResult:
     """Run every stage. Writes the reward model to ``reward_dir`` and the new policy to
     ``policy_dir`` (both must not exist yet or be empty). Raises NotEnoughData before any
-    training when the data cannot support it."""
+    training when the data cannot support it. ``logs``: where every trainer's per-step logs go
+    as they are logged (training curves, TensorBoard; rlhf.curves)."""
     settings.validate()
     say = log or (lambda line: None)
     if is_adapter(parent_dir):
@@ -109,7 +111,7 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
                 + ("; the new LoRA policy is saved merged" if settings.policy.lora else ""))
             return run_cycle(conversations, merged, reward_dir, policy_dir,
                              replace(settings, policy=replace(settings.policy, lora_merge=True)),
-                             progress, log, bundle)
+                             progress, log, bundle, logs)
     report = progress or (lambda *a: None)
     timings: dict[str, float] = {}
     peaks: dict[str, float] = {}
@@ -131,7 +133,7 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
 
     t0 = time.perf_counter()
     reward_metrics = train_reward_model(parent_dir, bundle.pairs["train"], bundle.pairs["eval"], reward_dir,
-                                        settings.reward, settings.device, report)
+                                        settings.reward, settings.device, report, logs)
     timings["reward"] = time.perf_counter() - t0
     peaks["reward"] = peak()
     say(f"reward model: held-out accuracy {reward_metrics['heldout_accuracy']}, "
@@ -142,16 +144,16 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
     algo = settings.algorithm
     if algo == "ppo":
         policy_metrics = train_ppo(parent_dir, reward_dir, train_prompts, policy_dir, settings.policy,
-                                   settings.device, report)
+                                   settings.device, report, logs)
     elif algo == "rloo":
         policy_metrics = train_rloo(parent_dir, reward_dir, train_prompts, policy_dir, settings.policy,
-                                    settings.device, report)
+                                    settings.device, report, logs)
     elif algo == "dpo":
         policy_metrics = train_dpo(parent_dir, bundle.pairs["train"], policy_dir, settings.policy,
-                                   settings.device, report)
+                                   settings.device, report, logs)
     else:
         policy_metrics = train_kto(parent_dir, bundle.kto["train"], policy_dir, settings.policy,
-                                   settings.device, report)
+                                   settings.device, report, logs)
     timings["policy"] = time.perf_counter() - t0
     peaks["policy"] = peak()
     say(f"policy ({algo}): {policy_metrics}")

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from .loading import resolve_device
 from .preference_data import to_standard
 from .reward_model import context_length, score_texts
-from .trl_utils import ProgressCallback, drop_printer, quiet_trl, training_precision
+from .trl_utils import ProgressCallback, attach_logs, drop_printer, quiet_trl, report_to, training_precision
 
 ProgressFn = Callable[[str, int, int], None]
 ALGORITHMS = ("ppo", "dpo", "kto", "rloo")
@@ -61,9 +61,10 @@ class PolicySettings:
 
 
 
-def _callbacks(trainer: Any, progress: ProgressFn | None, stage: str) -> None:
+def _callbacks(trainer: Any, progress: ProgressFn | None, stage: str, logs: Any = None, name: str = "") -> None:
     drop_printer(trainer)
     trainer.add_callback(ProgressCallback(progress, stage))
+    attach_logs(trainer, logs, stage, name)
 
 
 def _lora_config(model: Any, settings: PolicySettings):
@@ -100,8 +101,8 @@ def _history(log_history: list[dict], keys: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _common_args(dev: torch.device, settings: PolicySettings, scratch: str) -> dict[str, Any]:
-    return dict(output_dir=scratch, learning_rate=settings.learning_rate, save_strategy="no", report_to=[],
+def _common_args(dev: torch.device, settings: PolicySettings, scratch: str, logs: Any = None) -> dict[str, Any]:
+    return dict(output_dir=scratch, learning_rate=settings.learning_rate, save_strategy="no", report_to=report_to(logs),
                 disable_tqdm=True, logging_steps=1, seed=settings.seed, data_seed=settings.seed,
                 use_cpu=dev.type == "cpu", dataloader_num_workers=0, **training_precision(dev))
 
@@ -119,7 +120,7 @@ def _load_policy(policy_dir: str | Path) -> tuple[Any, Any]:
 
 def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list[dict]], out_dir: str | Path,
               settings: PolicySettings = PolicySettings(), device: str = "auto",
-              progress: ProgressFn | None = None) -> dict[str, Any]:
+              progress: ProgressFn | None = None, logs: Any = None) -> dict[str, Any]:
     """PPO with the parent as frozen reference (KL penalty), the value model initialised from the
     reward model, EOS as the stop token and a penalty for answers that never stop."""
     from trl.experimental.ppo import PPOConfig, PPOTrainer
@@ -148,7 +149,7 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
         episodes = min(episodes, settings.max_steps * settings.batch_size)
     with tempfile.TemporaryDirectory(prefix="ppo-") as scratch:
         args = PPOConfig(
-            **_common_args(dev, settings, scratch), per_device_train_batch_size=settings.batch_size,
+            **_common_args(dev, settings, scratch, logs), per_device_train_batch_size=settings.batch_size,
             gradient_accumulation_steps=1, num_mini_batches=settings.mini_batches, total_episodes=episodes,
             num_ppo_epochs=settings.ppo_epochs, response_length=settings.response_length, stop_token="eos",
             missing_eos_penalty=settings.missing_eos_penalty, kl_coef=settings.kl_coef,
@@ -157,7 +158,7 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
         trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref, reward_model=reward,
                              train_dataset=dataset, value_model=value,
                              peft_config=_lora_config(policy, settings) if settings.lora else None)
-        _callbacks(trainer, progress, "policy")
+        _callbacks(trainer, progress, "policy", logs, "ppo")
         trainer.train()
         trained = trainer.model.policy if hasattr(trainer.model, "policy") else trainer.policy_model
         _save_policy(trained, tokenizer, out_dir, policy_dir, settings)
@@ -172,7 +173,7 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
 
 def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: list[dict], columns: tuple[str, ...],
              out_dir: str | Path, settings: PolicySettings, device: str, progress: ProgressFn | None,
-             **config: Any) -> tuple[Any, Any, list[dict]]:
+             logs: Any = None, **config: Any) -> tuple[Any, Any, list[dict]]:
     """Shared run of TRL's offline preference trainers (DPO, KTO) on conversational rows:
     the parent (a frozen copy, or the adapter-free base with LoRA) is the reference."""
     quiet_trl()
@@ -183,13 +184,13 @@ def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: li
     std = [to_standard(r, tokenizer) for r in rows]
     dataset = Dataset.from_list([{k: r[k] for k in columns} for r in std])
     with tempfile.TemporaryDirectory(prefix=f"{trainer_cls.__name__.lower()}-") as scratch:
-        args = config_cls(**_common_args(dev, settings, scratch), per_device_train_batch_size=settings.batch_size,
+        args = config_cls(**_common_args(dev, settings, scratch, logs), per_device_train_batch_size=settings.batch_size,
                           num_train_epochs=settings.epochs, max_steps=settings.max_steps or -1, beta=settings.beta,
                           max_length=context_length(policy), **config)
         trainer = trainer_cls(model=policy, ref_model=None if settings.lora else copy.deepcopy(policy), args=args,
                               train_dataset=dataset, processing_class=tokenizer,
                               peft_config=_lora_config(policy, settings) if settings.lora else None)
-        _callbacks(trainer, progress, "policy")
+        _callbacks(trainer, progress, "policy", logs, trainer_cls.__name__.removesuffix("Trainer").lower())
         result = trainer.train()
         _save_policy(trainer.model, tokenizer, out_dir, policy_dir, settings)
     return result, trainer.state.log_history, std
@@ -197,21 +198,21 @@ def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: li
 
 def train_dpo(policy_dir: str | Path, train_pairs: list[dict], out_dir: str | Path,
               settings: PolicySettings = PolicySettings(), device: str = "auto",
-              progress: ProgressFn | None = None) -> dict[str, Any]:
+              progress: ProgressFn | None = None, logs: Any = None) -> dict[str, Any]:
     """Direct preference optimisation on the same preference pairs the reward model sees."""
     from trl import DPOConfig, DPOTrainer
 
     # keep_end: an over-long pair loses the start of its prompt; TRL's default (keep_start) drops
     # pairs whose prompt fills the context, which left small data sets with nothing to train on
     result, log, rows = _offline(DPOTrainer, DPOConfig, policy_dir, train_pairs, ("prompt", "chosen", "rejected"),
-                                 out_dir, settings, device, progress, truncation_mode="keep_end")
+                                 out_dir, settings, device, progress, logs, truncation_mode="keep_end")
     return {"algorithm": "dpo", "pairs": len(rows), "steps": result.global_step, "train_loss": round(result.training_loss, 4),
             "lora": settings.lora, **_history(log, ("rewards/accuracies", "rewards/margins", "loss"))}
 
 
 def train_kto(policy_dir: str | Path, train_examples: list[dict], out_dir: str | Path,
               settings: PolicySettings = PolicySettings(), device: str = "auto",
-              progress: ProgressFn | None = None) -> dict[str, Any]:
+              progress: ProgressFn | None = None, logs: Any = None) -> dict[str, Any]:
     """KTO on unpaired good/bad answers (thumbs, ratings, corrections, votes)."""
     from trl import KTOConfig, KTOTrainer
 
@@ -221,7 +222,7 @@ def train_kto(policy_dir: str | Path, train_examples: list[dict], out_dir: str |
         raise ValueError("KTO needs both good and bad examples")
     # balance the classes as the KTO paper recommends
     result, log, rows = _offline(KTOTrainer, KTOConfig, policy_dir, train_examples, ("prompt", "completion", "label"),
-                                 out_dir, settings, device, progress, desirable_weight=1.0,
+                                 out_dir, settings, device, progress, logs, desirable_weight=1.0,
                                  undesirable_weight=max(0.5, min(2.0, positives / negatives)))
     return {"algorithm": "kto", "examples": len(rows), "positives": positives, "steps": result.global_step,
             "train_loss": round(result.training_loss, 4), "lora": settings.lora,
@@ -260,7 +261,7 @@ def _prompt_text_within(tokenizer: Any, messages: list[dict], max_tokens: int) -
 
 def train_rloo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list[dict]], out_dir: str | Path,
                settings: PolicySettings = PolicySettings(), device: str = "auto",
-               progress: ProgressFn | None = None) -> dict[str, Any]:
+               progress: ProgressFn | None = None, logs: Any = None) -> dict[str, Any]:
     """REINFORCE leave-one-out with the trained reward model as the reward function."""
     from trl import RLOOConfig, RLOOTrainer
 
@@ -276,14 +277,14 @@ def train_rloo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[lis
     dataset = Dataset.from_list([{"prompt": t} for t in texts])
     steps = settings.max_steps or max(1, settings.episodes // settings.batch_size)
     with tempfile.TemporaryDirectory(prefix="rloo-") as scratch:
-        args = RLOOConfig(**_common_args(dev, settings, scratch), per_device_train_batch_size=settings.batch_size,
+        args = RLOOConfig(**_common_args(dev, settings, scratch, logs), per_device_train_batch_size=settings.batch_size,
                           num_generations=settings.rloo_generations, max_completion_length=settings.response_length,
                           max_steps=steps, temperature=settings.temperature,
                           beta=settings.kl_coef)
         trainer = RLOOTrainer(model=policy, reward_funcs=_reward_function(reward.to(dev).eval(), tokenizer), args=args,
                               train_dataset=dataset, processing_class=tokenizer,
                               peft_config=_lora_config(policy, settings) if settings.lora else None)
-        _callbacks(trainer, progress, "policy")
+        _callbacks(trainer, progress, "policy", logs, "rloo")
         result = trainer.train()
         _save_policy(trainer.model, tokenizer, out_dir, policy_dir, settings)
         log = trainer.state.log_history

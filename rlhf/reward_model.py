@@ -17,7 +17,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from .loading import resolve_device
 from .preference_data import to_standard
-from .trl_utils import ProgressCallback, drop_printer, quiet_trl, training_precision
+from .trl_utils import ProgressCallback, attach_logs, drop_printer, quiet_trl, report_to, training_precision
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -93,9 +93,10 @@ def tokenized_pairs(tokenizer: Any, rows: list[dict], max_length: int) -> list[d
 
 def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pairs: list[dict], out_dir: str | Path,
                        settings: RewardSettings = RewardSettings(), device: str = "auto",
-                       progress: ProgressFn | None = None) -> dict[str, Any]:
+                       progress: ProgressFn | None = None, logs: Any = None) -> dict[str, Any]:
     """Train on conversational pairs (``preference_data`` rows); save to ``out_dir``; return metrics
-    including held-out pairwise accuracy."""
+    including held-out pairwise accuracy. ``logs`` (rlhf.curves.TrainingLogs): where the
+    per-step logs go (training curves, TensorBoard)."""
     from trl import RewardConfig, RewardTrainer
 
     quiet_trl()
@@ -114,27 +115,33 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
 
     steps_per_epoch = math.ceil(len(train_rows) / settings.batch_size)
     epochs = max(settings.epochs, math.ceil(settings.min_steps / max(1, steps_per_epoch)))
+    # Logged often enough for a curve (about 100 points at most), never less than once per epoch.
+    total_steps = settings.max_steps if settings.max_steps > 0 else math.ceil(epochs * steps_per_epoch)
+    logging_steps = max(1, min(steps_per_epoch, math.ceil(total_steps / 100)))
     with tempfile.TemporaryDirectory(prefix="reward-") as scratch:
         args = RewardConfig(
             output_dir=scratch, num_train_epochs=epochs, max_steps=settings.max_steps,
             per_device_train_batch_size=settings.batch_size, learning_rate=settings.learning_rate,
             max_length=max_length, center_rewards_coefficient=settings.center_rewards_coefficient,
             lr_scheduler_type="linear", warmup_steps=max(1, steps_per_epoch // 4), weight_decay=0.0,
-            logging_steps=max(1, steps_per_epoch), save_strategy="no", report_to=[], disable_tqdm=True,
+            logging_steps=logging_steps, save_strategy="no", report_to=report_to(logs), disable_tqdm=True,
             seed=settings.seed, data_seed=settings.seed, use_cpu=dev.type == "cpu", dataloader_num_workers=0,
             **training_precision(dev))
         trainer = RewardTrainer(model=model, args=args, train_dataset=train_ds, processing_class=tokenizer,
                                 callbacks=[ProgressCallback(progress, "reward")] if progress else None)
         drop_printer(trainer)
+        attach_logs(trainer, logs, "reward", "reward")
         result = trainer.train()
     model = trainer.model.eval()
-    # Training accuracy as TRL logged it over the last logged steps (the final epoch): scoring
-    # every training pair again would cost about as much as several training steps.
-    logged = [row["accuracy"] for row in trainer.state.log_history if "accuracy" in row]
+    # Training accuracy as TRL logged it over the last epoch's steps: scoring every training pair
+    # again would cost about as much as several training steps.
+    last_epoch = result.global_step - steps_per_epoch
+    logged = [row["accuracy"] for row in trainer.state.log_history
+              if "accuracy" in row and row.get("step", 0) > last_epoch]
     metrics = {
         "train_pairs": len(train_rows), "eval_pairs": len(eval_rows), "steps": result.global_step,
         "train_loss": round(result.training_loss, 4),
-        "train_accuracy": round(float(logged[-1]), 4) if logged else pairwise_accuracy(model, tokenizer, train_rows),
+        "train_accuracy": round(sum(logged) / len(logged), 4) if logged else pairwise_accuracy(model, tokenizer, train_rows),
         "heldout_accuracy": pairwise_accuracy(model, tokenizer, eval_rows),
     }
     model.save_pretrained(str(out_dir))

@@ -65,6 +65,9 @@ DEFAULTS: dict[str, Any] = {
     "RLHF_MIN_PAIRS": 8,
     "RLHF_GATE_MIN_REWARD_GAIN": 0.0,
     "RLHF_GATE_MAX_KL": 25.0,
+    # Trainers also write TensorBoard event files to <instance>/runs/run-<id>/tensorboard
+    # (needs the tensorboard package: pip install -e '.[tensorboard]').
+    "RLHF_TENSORBOARD": False,
     # A/B experiments and admin.
     "RLHF_AB_MIN_SAMPLE": 30,  # per arm, before a metric is judged ("not enough data yet" below)
     "RLHF_COMPARE_RATE": 0.1,  # share of answers shown side by side while an experiment runs
@@ -121,6 +124,7 @@ ENV_VARS: dict[str, str] = {
     "RLHF_MIN_PAIRS": "RLHF_MIN_PAIRS",
     "RLHF_GATE_MIN_REWARD_GAIN": "RLHF_GATE_MIN_REWARD_GAIN",
     "RLHF_GATE_MAX_KL": "RLHF_GATE_MAX_KL",
+    "RLHF_TENSORBOARD": "RLHF_TENSORBOARD",
     "RLHF_AB_MIN_SAMPLE": "RLHF_AB_MIN_SAMPLE",
     "RLHF_COMPARE_RATE": "RLHF_COMPARE_RATE",
     "RLHF_LOGIN_RATE_LIMIT": "RLHF_LOGIN_RATE_LIMIT",

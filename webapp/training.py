@@ -27,6 +27,7 @@ from flask import current_app
 from sqlalchemy import or_
 
 from rlhf import registry
+from rlhf.curves import CurvesFile, TrainingLogs
 from rlhf.cycle import CycleSettings, NotEnoughData, fit_to_data, overall_progress, prepare_data, run_cycle
 from rlhf.evaluation import GateThresholds
 from rlhf.policy_training import ALGORITHMS, PolicySettings
@@ -191,10 +192,29 @@ def cycle_settings(algorithm: str = "ppo", max_steps: int | None = None, lora: b
     settings = CycleSettings(algorithm=algorithm, policy=policy, gate=gate, device=cfg["RLHF_DEVICE"],
                              min_pairs=int(cfg["RLHF_MIN_PAIRS"]))
     settings = replace(settings, **overrides)
+    if cfg["RLHF_TENSORBOARD"] and not tensorboard_available():
+        raise RunRefused("RLHF_TENSORBOARD=1 needs the tensorboard package, which is not installed "
+                         "(pip install -e '.[tensorboard]', or set RLHF_TENSORBOARD=0)")
     try:
         return settings.validate()
     except ValueError as exc:
         raise RunRefused(f"invalid setting: {exc}") from None
+
+
+def tensorboard_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+def run_folder(run_id: int) -> Path:
+    """A run's own folder in the instance: its training curves, TensorBoard files and reward model."""
+    return Path(current_app.config["INSTANCE_DIR"]) / "runs" / f"run-{run_id}"
+
+
+def curves_path(run_id: int) -> Path:
+    """The run's training curves (JSON lines, rlhf.curves), written while it trains."""
+    return run_folder(run_id) / "curves.jsonl"
 
 
 # ---------------------------------------------------------------------------- progress
@@ -303,11 +323,19 @@ def _run_training(trigger: str, algorithm: str, min_feedback: int | None, max_st
         shutil.rmtree(workdir, ignore_errors=True)
         workdir.mkdir(parents=True)
         created_paths: list[Path] = []  # removed again if the run fails before it is recorded
+        # The run's folder outlives its work directory: the curves are written there as it trains
+        # (and stay, for a failed run too).
+        folder = run_folder(run_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        curves_path(run_id).unlink(missing_ok=True)  # a queued run taken over again starts afresh
+        logs = TrainingLogs(metrics=CurvesFile(curves_path(run_id)),
+                            tensorboard_dir=str(folder / "tensorboard") if cfg["RLHF_TENSORBOARD"] else None)
+        if logs.tensorboard_dir:
+            tracker.log(f"TensorBoard event files: {Path(logs.tensorboard_dir).relative_to(instance)}")
         try:
             result = run_cycle(records, parent_path, workdir / "reward", workdir / "policy", settings,
-                               progress=tracker, log=tracker.log, bundle=bundle)
-            reward_path = instance / "runs" / f"run-{run_id}" / "reward_model"
-            reward_path.parent.mkdir(parents=True, exist_ok=True)
+                               progress=tracker, log=tracker.log, bundle=bundle, logs=logs)
+            reward_path = folder / "reward_model"
             os.rename(workdir / "reward", reward_path)
 
             status = "candidate" if result.passed else "failed"
