@@ -195,7 +195,20 @@ def run_detail(run_id: int):
     run = db.session.get(TrainingRun, run_id)
     if run is None:
         raise NotFound("Training run not found.")
-    return render_template("admin/run.html", run=run_dict(run, full=True))
+    from .curves import STAGE_TITLES, curve_figures, run_curves
+
+    data = run_curves(run)
+    other = None
+    compare = request.args.get("compare", "")
+    if compare.isdigit() and int(compare) != run.id:
+        other_run = db.session.get(TrainingRun, int(compare))
+        other = run_curves(other_run) if other_run is not None else None
+    choices = db.session.execute(db.select(TrainingRun.id, TrainingRun.algorithm, TrainingRun.status)
+                                 .where(TrainingRun.id != run.id).order_by(TrainingRun.id.desc()).limit(100)).all()
+    return render_template("admin/run.html", run=run_dict(run, full=True), figures=curve_figures(data, other),
+                           compare_id=other["run_id"] if other else None, compare_choices=choices,
+                           stage_titles={**STAGE_TITLES, "policy": f"Policy ({(run.algorithm or 'ppo').upper()})"},
+                           has_curves=bool(data["series"]))
 
 
 @bp.get("/versions")

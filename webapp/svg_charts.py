@@ -114,3 +114,85 @@ def line_chart(starts: list[str], series: dict[str, list[float | None]], title: 
                              f'<title>{escape(arm)}, {escape(starts[i])}: {_value_label(v, percent)}</title></circle>')
     parts.append("</svg>")
     return Markup("".join(parts))
+
+
+def _num_label(v: float, percent: bool = False) -> str:
+    """A short number for an axis or a tooltip (3 significant digits; percent for rates)."""
+    if percent:
+        return f"{v * 100:.0f}%"
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000 or abs(v) < 0.01:
+        return f"{v:.2e}".replace("e+0", "e").replace("e-0", "e-")
+    return f"{v:.3g}"
+
+
+def step_ticks(lo: int, hi: int, most: int = 5) -> list[int]:
+    """Whole-number ticks from ``lo`` to ``hi`` (both included), at most ``most``, evenly stepped."""
+    if hi <= lo:
+        return [lo]
+    step = max(1, -(-(hi - lo) // (most - 1)))
+    out = list(range(lo, hi, step))
+    if hi - out[-1] < step / 2 and len(out) > 1:
+        out.pop()
+    return out + [hi]
+
+
+def step_chart(title: str, lines: list[dict], percent: bool = False, width: int = 520, height: int = 190) -> Markup:
+    """Training curves over optimisation steps: one polyline per entry of ``lines``
+    (``{"label", "cls", "points": [{"step", "value"}, ...]}``), x from the first to the last step
+    of any line, y over the values (0-100% at least for ``percent``). static/js/admin.js draws the
+    same chart in the browser (``stepChart``) while a run trains: keep the two alike."""
+    label = escape(title)
+    values = [p["value"] for line in lines for p in line["points"]]
+    own = len(lines[0]["points"]) if lines else 0
+    if not values:
+        return Markup(f'<svg class="chart" role="img" viewBox="0 0 {width} {height}" data-points="0" '
+                      f'aria-label="{label}: no data yet"><text x="{width // 2}" y="{height // 2}" '
+                      f'text-anchor="middle" class="chart-empty">No data yet</text></svg>')
+    pad_l, pad_r, pad_t, pad_b = 54, 16, 14, 30
+    steps = [p["step"] for line in lines for p in line["points"]]
+    s_lo, s_hi = min(steps), max(steps)
+    lo, hi = min(values), max(values)
+    if percent:
+        lo, hi = min(lo, 0.0), max(hi, 1.0)
+    elif hi - lo < 1e-12:
+        lo, hi = lo - (abs(lo) * 0.1 or 1.0), hi + (abs(hi) * 0.1 or 1.0)
+    else:
+        margin = (hi - lo) * 0.05
+        lo, hi = lo - margin, hi + margin
+    span = hi - lo
+
+    def x(step: float) -> float:
+        return pad_l + (width - pad_l - pad_r) * ((step - s_lo) / (s_hi - s_lo) if s_hi > s_lo else 0.5)
+
+    def y(v: float) -> float:
+        return pad_t + (height - pad_t - pad_b) * (1 - (v - lo) / span)
+
+    summary = "; ".join(f"{line['label']} {_num_label(line['points'][-1]['value'], percent)} at step "
+                        f"{line['points'][-1]['step']}" for line in lines if line["points"])
+    parts = [f'<svg class="chart" role="img" viewBox="0 0 {width} {height}" data-points="{own}" '
+             f'aria-label="{label} over {s_hi} steps; latest: {escape(summary)}">']
+    for frac in (0.0, 0.5, 1.0):
+        v = lo + span * frac
+        parts.append(f'<line x1="{pad_l}" x2="{width - pad_r}" y1="{y(v):.1f}" y2="{y(v):.1f}" class="chart-grid"/>'
+                     f'<text x="{pad_l - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="chart-axis">'
+                     f'{_num_label(v, percent)}</text>')
+    ticks_ = step_ticks(s_lo, s_hi)
+    for i, step in enumerate(ticks_):
+        anchor = "start" if i == 0 and len(ticks_) > 1 else "end" if i == len(ticks_) - 1 and len(ticks_) > 1 else "middle"
+        parts.append(f'<text x="{x(step):.1f}" y="{height - 9}" text-anchor="{anchor}" class="chart-axis">'
+                     f'{"step " if i == 0 else ""}{step}</text>')
+    for line in lines:
+        cls = escape(line["cls"])
+        pts = line["points"]
+        if len(pts) > 1:
+            path = " ".join(f"{x(p['step']):.1f},{y(p['value']):.1f}" for p in pts)
+            parts.append(f'<polyline class="chart-line {cls}" points="{path}"/>')
+        if len(pts) <= 40:
+            for p in pts:
+                parts.append(f'<circle class="chart-dot {cls}" cx="{x(p["step"]):.1f}" cy="{y(p["value"]):.1f}" '
+                             f'r="2.5"><title>{escape(line["label"])}, step {p["step"]}: '
+                             f'{_num_label(p["value"], percent)}</title></circle>')
+    parts.append("</svg>")
+    return Markup("".join(parts))

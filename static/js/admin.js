@@ -76,6 +76,143 @@
     if (form && forms[form.dataset.action]) { ev.preventDefault(); forms[form.dataset.action](form); }
   });
 
+  // Training curves of a run: drawn by the server; redrawn here (same chart as
+  // webapp/svg_charts.step_chart) while the run trains, and to overlay another run's curves.
+  const SVG_NS = "http://www.w3.org/2000/svg";
+  function svgEl(name, attrs, text) {
+    const el = document.createElementNS(SVG_NS, name);
+    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
+    if (text !== undefined) el.textContent = text;
+    return el;
+  }
+  function numLabel(v, percent) {
+    if (percent) return `${(v * 100).toFixed(0)}%`;
+    if (v === 0) return "0";
+    if (Math.abs(v) >= 1000 || Math.abs(v) < 0.01) return v.toExponential(2).replace("e+", "e");
+    return String(Number(v.toPrecision(3)));
+  }
+  function stepTicks(lo, hi, most = 5) {
+    if (hi <= lo) return [lo];
+    const step = Math.max(1, Math.ceil((hi - lo) / (most - 1)));
+    const out = [];
+    for (let s = lo; s < hi; s += step) out.push(s);
+    if (hi - out[out.length - 1] < step / 2 && out.length > 1) out.pop();
+    out.push(hi);
+    return out;
+  }
+  function stepChart(title, lines, percent, width = 520, height = 190) {
+    const values = lines.flatMap((l) => l.points.map((p) => p.value));
+    const own = lines.length ? lines[0].points.length : 0;
+    const svg = svgEl("svg", { class: "chart", role: "img", viewBox: `0 0 ${width} ${height}`, "data-points": own });
+    if (!values.length) {
+      svg.setAttribute("aria-label", `${title}: no data yet`);
+      svg.appendChild(svgEl("text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "chart-empty" }, "No data yet"));
+      return svg;
+    }
+    const [padL, padR, padT, padB] = [54, 16, 14, 30];
+    const steps = lines.flatMap((l) => l.points.map((p) => p.step));
+    const sLo = Math.min(...steps), sHi = Math.max(...steps);
+    let lo = Math.min(...values), hi = Math.max(...values);
+    if (percent) { lo = Math.min(lo, 0); hi = Math.max(hi, 1); }
+    else if (hi - lo < 1e-12) { lo -= Math.abs(lo) * 0.1 || 1; hi += Math.abs(hi) * 0.1 || 1; }
+    else { const m = (hi - lo) * 0.05; lo -= m; hi += m; }
+    const span = hi - lo;
+    const x = (s) => padL + (width - padL - padR) * (sHi > sLo ? (s - sLo) / (sHi - sLo) : 0.5);
+    const y = (v) => padT + (height - padT - padB) * (1 - (v - lo) / span);
+    const summary = lines.filter((l) => l.points.length).map((l) => {
+      const p = l.points[l.points.length - 1];
+      return `${l.label} ${numLabel(p.value, percent)} at step ${p.step}`;
+    }).join("; ");
+    svg.setAttribute("aria-label", `${title} over ${sHi} steps; latest: ${summary}`);
+    for (const frac of [0, 0.5, 1]) {
+      const v = lo + span * frac;
+      svg.appendChild(svgEl("line", { x1: padL, x2: width - padR, y1: y(v).toFixed(1), y2: y(v).toFixed(1), class: "chart-grid" }));
+      svg.appendChild(svgEl("text", { x: padL - 6, y: (y(v) + 4).toFixed(1), "text-anchor": "end", class: "chart-axis" }, numLabel(v, percent)));
+    }
+    const ticks = stepTicks(sLo, sHi);
+    ticks.forEach((s, i) => {
+      const anchor = i === 0 && ticks.length > 1 ? "start" : (i === ticks.length - 1 && ticks.length > 1 ? "end" : "middle");
+      svg.appendChild(svgEl("text", { x: x(s).toFixed(1), y: height - 9, "text-anchor": anchor, class: "chart-axis" }, `${i === 0 ? "step " : ""}${s}`));
+    });
+    for (const l of lines) {
+      if (l.points.length > 1) {
+        svg.appendChild(svgEl("polyline", { class: `chart-line ${l.cls}`,
+          points: l.points.map((p) => `${x(p.step).toFixed(1)},${y(p.value).toFixed(1)}`).join(" ") }));
+      }
+      if (l.points.length <= 40) {
+        for (const p of l.points) {
+          const dot = svgEl("circle", { class: `chart-dot ${l.cls}`, cx: x(p.step).toFixed(1), cy: y(p.value).toFixed(1), r: 2.5 });
+          dot.appendChild(svgEl("title", {}, `${l.label}, step ${p.step}: ${numLabel(p.value, percent)}`));
+          svg.appendChild(dot);
+        }
+      }
+    }
+    return svg;
+  }
+  function chartLines(chart, data, group) {
+    const stage = data.series[chart.stage] || {};
+    const lines = [];
+    chart.metrics.forEach((metric, i) => {
+      const points = stage[metric] || [];
+      if (group === "b" && !points.length) return;
+      lines.push({ label: `run #${data.run_id} ${chart.labels[i]}`.trim(), cls: `series-${group}${i}`, points });
+    });
+    return lines;
+  }
+  const curves = document.getElementById("curves");
+  const curveState = { mine: null, other: null };
+  function drawCurves() {
+    const { mine, other } = curveState;
+    if (!curves || !mine) return;
+    for (const chart of mine.charts) {
+      const fig = curves.querySelector(`figure[data-chart="${CSS.escape(chart.id)}"]`);
+      if (!fig) continue;
+      const lines = chartLines(chart, mine, "a").concat(other ? chartLines(chart, other, "b") : []);
+      const legend = fig.querySelector(".legend");
+      legend.replaceChildren(...lines.map((l) => {
+        const item = document.createElement("span");
+        item.className = "legend-item";
+        const swatch = document.createElement("span");
+        swatch.className = `swatch ${l.cls}`;
+        item.append(swatch, l.label);
+        return item;
+      }));
+      fig.querySelector("svg").replaceWith(stepChart(chart.title, lines, chart.percent));
+    }
+    const note = document.getElementById("curves-note");
+    if (note && Object.keys(mine.series).length > 0) {
+      note.textContent = `Per training step, as TRL logged it${mine.live ? "; updated live while the run trains" : ""}.`;
+    }
+  }
+  async function loadCurves() {
+    curveState.mine = await call("GET", `/api/admin/runs/${curves.dataset.runId}/curves`);
+    drawCurves();
+  }
+  if (curves) {
+    const select = document.getElementById("compare-run");
+    select.addEventListener("change", async () => {
+      try {
+        const id = select.value;
+        curveState.other = id ? await call("GET", `/api/admin/runs/${encodeURIComponent(id)}/curves`) : null;
+        if (!curveState.mine) await loadCurves(); else drawCurves();
+        curves.dataset.compare = id;
+        const url = new URL(window.location.href);
+        if (id) url.searchParams.set("compare", id); else url.searchParams.delete("compare");
+        window.history.replaceState(null, "", url);
+      } catch (e) { showError(e.message); }
+    });
+    if (curves.dataset.live === "yes") {
+      const compareId = curves.dataset.compare;
+      const first = compareId ? call("GET", `/api/admin/runs/${encodeURIComponent(compareId)}/curves`)
+        .then((d) => { curveState.other = d; }) : Promise.resolve();
+      first.then(loadCurves).catch((e) => showError(e.message));
+      const curveTimer = setInterval(() => {
+        loadCurves().then(() => { if (!curveState.mine.live) clearInterval(curveTimer); })
+          .catch((e) => { clearInterval(curveTimer); showError(e.message); });
+      }, 1500);
+    }
+  }
+
   // Live progress of a training run.
   const live = document.querySelector(".run-progress[data-live='yes']");
   if (live) {

@@ -136,6 +136,18 @@ def get_run(run_id: int):
     return jsonify(run_dict(run, full=True))
 
 
+@bp.get("/runs/<int:run_id>/curves")
+@admin_api
+def get_run_curves(run_id: int):
+    """The run's training curves, read from its curves file (growing while it trains)."""
+    from ..curves import run_curves
+
+    run = db.session.get(TrainingRun, run_id)
+    if run is None:
+        raise NotFound("Training run not found.")
+    return jsonify(run_curves(run))
+
+
 @bp.post("/runs")
 @admin_api
 def start_run():
