@@ -128,6 +128,7 @@ ROUTES: dict[str, dict] = {
     "admin_api.post_rollback": {"caller": "admin"},
     "admin_api.list_runs": {"caller": "admin"},
     "admin_api.get_run": {"caller": "admin"},
+    "admin_api.get_run_curves": {"caller": "admin"},
     "admin_api.start_run": {"caller": "admin", "base": {"algorithm": "ppo"}, "fields": ["max_steps"]},
     "admin_api.browse_feedback": {"caller": "admin",
                                   "query": ["thumb", "rating", "version", "arm", "has_correction", "q", "page"]},

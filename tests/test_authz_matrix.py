@@ -230,6 +230,7 @@ MATRIX: dict[tuple[str, str], Row] = {
     ("GET", "/api/admin/runs"): Row(admin_api(200)),
     ("POST", "/api/admin/runs"): Row(admin_api(202), body={"algorithm": "dpo"}),
     ("GET", "/api/admin/runs/<int:run_id>"): Row(admin_api(200), setup=training_run),
+    ("GET", "/api/admin/runs/<int:run_id>/curves"): Row(admin_api(200), setup=training_run),
     ("GET", "/api/admin/feedback"): Row(admin_api(200), query="thumb=up"),
     ("GET", "/api/admin/export"): Row(admin_api(200), query="format=pairs"),
     ("GET", "/api/admin/audit"): Row(admin_api(200)),
