@@ -123,7 +123,7 @@ def _num_label(v: float, percent: bool = False) -> str:
     if v == 0:
         return "0"
     if abs(v) >= 1000 or abs(v) < 0.01:
-        return f"{v:.2e}".replace("e+0", "e").replace("e-0", "e-")
+        return f"{v:.1e}".replace("e+0", "e").replace("e-0", "e-")
     return f"{v:.3g}"
 
 
@@ -150,7 +150,7 @@ def step_chart(title: str, lines: list[dict], percent: bool = False, width: int 
         return Markup(f'<svg class="chart" role="img" viewBox="0 0 {width} {height}" data-points="0" '
                       f'aria-label="{label}: no data yet"><text x="{width // 2}" y="{height // 2}" '
                       f'text-anchor="middle" class="chart-empty">No data yet</text></svg>')
-    pad_l, pad_r, pad_t, pad_b = 54, 16, 14, 30
+    pad_l, pad_r, pad_t, pad_b = 66, 16, 14, 30  # room for "-9.7e-3" at the phone's larger font
     steps = [p["step"] for line in lines for p in line["points"]]
     s_lo, s_hi = min(steps), max(steps)
     lo, hi = min(values), max(values)

@@ -88,7 +88,7 @@
   function numLabel(v, percent) {
     if (percent) return `${(v * 100).toFixed(0)}%`;
     if (v === 0) return "0";
-    if (Math.abs(v) >= 1000 || Math.abs(v) < 0.01) return v.toExponential(2).replace("e+", "e");
+    if (Math.abs(v) >= 1000 || Math.abs(v) < 0.01) return v.toExponential(1).replace("e+", "e");
     return String(Number(v.toPrecision(3)));
   }
   function stepTicks(lo, hi, most = 5) {
@@ -109,7 +109,7 @@
       svg.appendChild(svgEl("text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "chart-empty" }, "No data yet"));
       return svg;
     }
-    const [padL, padR, padT, padB] = [54, 16, 14, 30];
+    const [padL, padR, padT, padB] = [66, 16, 14, 30];
     const steps = lines.flatMap((l) => l.points.map((p) => p.step));
     const sLo = Math.min(...steps), sHi = Math.max(...steps);
     let lo = Math.min(...values), hi = Math.max(...values);
