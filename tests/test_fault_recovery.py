@@ -216,7 +216,8 @@ def fake_cycle(model_dir: Path):
     model, passing the gate. Everything after it -- saving and registering -- is the real code."""
     from rlhf.cycle import CycleResult
 
-    def run_cycle(records, parent_path, reward_dir, policy_dir, settings, progress=None, log=None, bundle=None):
+    def run_cycle(records, parent_path, reward_dir, policy_dir, settings, progress=None, log=None, bundle=None,
+                  logs=None):
         shutil.copytree(model_dir, reward_dir)
         shutil.copytree(model_dir, policy_dir)
         evaluation = {"passed": True, "reasons": [], "reward_gain": 0.1, "kl_from_parent": 0.0}
