@@ -223,6 +223,22 @@ class ApiClient:
         return self._send("delete", url, None, **kw)
 
 
+def seeded_instance(tmp_path: Path, model_dir: Path, monkeypatch, env: dict[str, str],
+                    conversations: int = 40) -> Path:
+    """An instance folder with ``model_dir`` active and ``conversations`` rated conversations,
+    named by RLHF_INSTANCE_DIR (with ``env``) for the `flask` commands a test runs."""
+    from tests.feedback_factory import seed_feedback
+
+    inst = tmp_path / "instance"
+    app = make_app(inst)
+    register_model(app, model_dir)
+    seed_feedback(app, conversations)
+    monkeypatch.setenv("RLHF_INSTANCE_DIR", str(inst))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return inst
+
+
 def sse_events(resp) -> list[tuple[str, dict]]:
     """The (event, data) pairs of a streamed answer's server-sent events."""
     events = []

@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from rlhf import registry
-from tests.conftest import ROOT, make_app, register_model, sse_events
+from tests.conftest import ROOT, make_app, register_model, seeded_instance, sse_events
 from tests.conftest import flask_cli as cli
 from tests.conftest import runs_and_versions as state
 from tests.feedback_factory import seed_feedback
@@ -179,14 +179,7 @@ def test_dashboard_warns_before_any_request_and_restart_keeps_the_broken_version
 
 @pytest.fixture
 def instance(tmp_path, micro_model_dir, monkeypatch):
-    inst = tmp_path / "instance"
-    app = make_app(inst)
-    register_model(app, micro_model_dir)
-    seed_feedback(app, 40)
-    monkeypatch.setenv("RLHF_INSTANCE_DIR", str(inst))
-    for k, v in FAST.items():
-        monkeypatch.setenv(k, v)
-    return inst
+    return seeded_instance(tmp_path, micro_model_dir, monkeypatch, FAST)
 
 
 class _Os:

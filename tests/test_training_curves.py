@@ -9,8 +9,7 @@ import pytest
 
 from rlhf.curves import CurvesFile, read_curves, series
 from tests.conftest import flask_cli as cli
-from tests.conftest import make_app, register_model
-from tests.feedback_factory import seed_feedback
+from tests.conftest import make_app, register_model, seeded_instance
 from webapp.extensions import db
 from webapp.models import TrainingRun
 
@@ -44,15 +43,7 @@ def test_curves_file_keeps_numbers_skips_the_summary_and_half_written_lines(tmp_
 
 @pytest.fixture
 def instance(tmp_path, micro_model_dir, monkeypatch):
-    inst = tmp_path / "instance"
-    app = make_app(inst)
-    register_model(app, micro_model_dir)
-    seed_feedback(app, 40)
-    monkeypatch.setenv("RLHF_INSTANCE_DIR", str(inst))
-    monkeypatch.setenv("RLHF_DEVICE", "cpu")
-    for k, v in FAST.items():
-        monkeypatch.setenv(k, v)
-    return inst
+    return seeded_instance(tmp_path, micro_model_dir, monkeypatch, {"RLHF_DEVICE": "cpu", **FAST})
 
 
 def increasing(steps: list[int]) -> bool:

@@ -12,7 +12,7 @@ from werkzeug.exceptions import NotFound
 
 from .ab_metrics import default_experiment, display_path, experiment_metrics
 from .admin_auth import admin_page
-from .api.admin import feedback_page, run_dict
+from .api.admin import feedback_page, run_dict, run_or_404
 from .bootstrap import active_version
 from .experiment_service import get_experiment
 from .experiments import running_experiment
@@ -192,9 +192,7 @@ def runs():
 @bp.get("/runs/<int:run_id>")
 @admin_page
 def run_detail(run_id: int):
-    run = db.session.get(TrainingRun, run_id)
-    if run is None:
-        raise NotFound("Training run not found.")
+    run = run_or_404(run_id)
     from .curves import STAGE_TITLES, curve_figures, run_curves
 
     data = run_curves(run)

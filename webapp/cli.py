@@ -1,4 +1,4 @@
-"""Operator commands: ``flask --app webapp <command>`` (see DESIGN.md "CLI contract")."""
+"""Operator commands: ``flask --app webapp <command>`` (the README's CLI section is their contract)."""
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,4 @@
-"""The data model (see DESIGN.md "Data model"). Plain SQLAlchemy 2 declarative classes, so
+"""The data model (tables and columns as the README describes them). Plain SQLAlchemy 2 declarative classes, so
 any SQLAlchemy database works; SQLite is the default."""
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ from sqlalchemy import or_
 
 from rlhf import registry
 from rlhf.curves import CurvesFile, TrainingLogs
-from rlhf.cycle import CycleSettings, NotEnoughData, fit_to_data, overall_progress, prepare_data, run_cycle
+from rlhf.cycle import CycleSettings, NotEnoughData, fit_to_data, overall_progress, run_cycle
+from rlhf.preference_data import build_datasets
 from rlhf.evaluation import GateThresholds
 from rlhf.policy_training import ALGORITHMS, PolicySettings
 from rlhf.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
@@ -120,8 +121,6 @@ def export_rows(fmt: str, redact: bool = True) -> list[dict[str, Any]]:
     conversations. Deleted conversations are never included. ``redact`` (the default): e-mail
     addresses and phone numbers in every text are replaced (see feedback_records)."""
     from dataclasses import asdict
-
-    from rlhf.preference_data import build_datasets
 
     records = feedback_records(redact=redact)
     if fmt == "raw":
@@ -292,8 +291,8 @@ def _run_training(trigger: str, algorithm: str, min_feedback: int | None, max_st
             raise RunRefused(f"not enough feedback yet: {events} feedback events, need at least {min_feedback}")
         records = feedback_records()
         try:
-            bundle = prepare_data(records, settings)
-            settings, sizing_notes = fit_to_data(settings, bundle)
+            bundle = build_datasets(records, settings.data)
+            settings, sizing_notes = fit_to_data(settings, bundle)  # NotEnoughData before any run exists
         except NotEnoughData as exc:
             raise RunRefused(str(exc)) from None
         limits = run_limits(settings, DataSize.of(bundle), parent.path)
@@ -385,7 +384,7 @@ def _run_training(trigger: str, algorithm: str, min_feedback: int | None, max_st
 
 
 def summary(run: TrainingRun, version: ModelVersion | None) -> dict[str, Any]:
-    """The `rl-train --json` object (DESIGN.md "CLI contract")."""
+    """The `rl-train --json` object (README, CLI)."""
     m = run.metrics or {}
     ev = m.get("evaluation", {})
     return {

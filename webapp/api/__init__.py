@@ -1,1 +1,1 @@
-"""JSON API blueprints (see DESIGN.md "HTTP contract")."""
+"""JSON API blueprints (the README's HTTP API section is their contract)."""

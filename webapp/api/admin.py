@@ -20,6 +20,11 @@ from ..validation import bool_field, clip, json_body
 bp = Blueprint("admin_api", __name__, url_prefix="/api/admin")
 
 
+def run_or_404(run_id: int) -> TrainingRun:
+    """The training run, or 404 "Training run not found." (API and pages alike)."""
+    return db.get_or_404(TrainingRun, run_id, description="Training run not found.")
+
+
 def run_dict(run: TrainingRun, full: bool = False) -> dict:
     """A run for the dashboard and the API; paths in it are relative to the instance folder."""
     data = {"id": run.id, "trigger": run.trigger, "algorithm": run.algorithm, "status": run.status,
@@ -130,10 +135,7 @@ def list_runs():
 @bp.get("/runs/<int:run_id>")
 @admin_api
 def get_run(run_id: int):
-    run = db.session.get(TrainingRun, run_id)
-    if run is None:
-        raise NotFound("Training run not found.")
-    return jsonify(run_dict(run, full=True))
+    return jsonify(run_dict(run_or_404(run_id), full=True))
 
 
 @bp.get("/runs/<int:run_id>/curves")
@@ -142,10 +144,7 @@ def get_run_curves(run_id: int):
     """The run's training curves, read from its curves file (growing while it trains)."""
     from ..curves import run_curves
 
-    run = db.session.get(TrainingRun, run_id)
-    if run is None:
-        raise NotFound("Training run not found.")
-    return jsonify(run_curves(run))
+    return jsonify(run_curves(run_or_404(run_id)))
 
 
 @bp.post("/runs")
