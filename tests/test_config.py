@@ -68,6 +68,10 @@ def test_secret_key_from_environment_is_not_written(tmp_path, monkeypatch):
     ("RLHF_SCHEDULER", "maybe", "RLHF_SCHEDULER='maybe' is not a boolean"),
     ("RLHF_MAX_NEW_TOKENS", "lots", "RLHF_MAX_NEW_TOKENS='lots' is not a int"),
     ("RLHF_DEVICE", "tpu", "RLHF_DEVICE='tpu' must be auto, cpu or cuda"),
+    ("RLHF_RUN_STALL_SECONDS", "0", "RLHF_RUN_STALL_SECONDS=0.0 must be a number of seconds above 0"),
+    ("RLHF_RUN_STALL_SECONDS", "soon", "RLHF_RUN_STALL_SECONDS='soon' is not a float"),
+    ("RLHF_WATCHDOG_INTERVAL_SECONDS", "-5", "RLHF_WATCHDOG_INTERVAL_SECONDS=-5.0 must be a number of seconds above 0"),
+    ("RLHF_RUN_MAX_SECONDS", "-1", "RLHF_RUN_MAX_SECONDS=-1.0 must be >= 0"),
 ])
 def test_invalid_settings_name_the_setting(tmp_path, monkeypatch, name, value, needle):
     monkeypatch.setenv(name, value)
