@@ -111,11 +111,11 @@ def records_seen_by_a_training_run(app, monkeypatch) -> list:
 
     seen = []
 
-    def capture(records, settings):
+    def capture(records, data_settings):
         seen.extend(records)
         raise NotEnoughData("captured")
 
-    monkeypatch.setattr(training, "prepare_data", capture)
+    monkeypatch.setattr(training, "build_datasets", capture)
     with app.app_context(), pytest.raises(training.RunRefused, match="captured"):
         training.run_training(min_feedback=0)
     return seen
