@@ -1,4 +1,4 @@
-"""Concurrent answers share one batch (rlhf.generation's per-model worker) and stay independent:
+"""Concurrent answers share one batch (rlhf.generation.batcher's per-model worker) and stay independent:
 each row gets exactly the answer it gets alone, with its own settings, stopping and cancelling."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-import rlhf.generation as generation
+import rlhf.generation.batcher as batcher_module
 from rlhf.generation import GenerationSettings, LoadedModel, ModelPool, batch_stats, batcher_for, generate_chat, \
     generate_chats, stream_chat
 
@@ -135,20 +135,20 @@ def test_rows_keep_their_own_settings_in_one_batch(loaded, solo):
 def test_stop_strings_and_eos_end_a_row_exactly(loaded):
     tok = loaded.tokenizer
     ids = tok("Rinse it first.\nUser: and then?", add_special_tokens=False)["input_ids"]
-    row = generation._Row([1], GREEDY, threading.Event(), tok)
+    row = batcher_module._Row([1], GREEDY, threading.Event(), tok)
     for token in ids:
         row.take(token)
         if row.finish:
             break
     row.close()
     chunks = []
-    while not isinstance(item := row.out.get_nowait(), generation._Done):
+    while not isinstance(item := row.out.get_nowait(), batcher_module._Done):
         chunks.append(item)
     assert item.finish == "stop_string" and item.text == "Rinse it first."
     assert "".join(chunks) == "Rinse it first."  # the held-back "\n" never reached the reader
     # the token that completed "\nUser:" is the last one counted
     assert tok.decode(ids[:item.token_count]).endswith("User:") and item.token_count < len(ids)
-    row = generation._Row([1], GREEDY, threading.Event(), tok)
+    row = batcher_module._Row([1], GREEDY, threading.Event(), tok)
     row.take(ids[0])
     row.take(tok.eos_token_id)
     assert row.finish == "eos" and len(row.ids) == 2
@@ -173,7 +173,7 @@ def test_a_failing_forward_fails_the_rows_in_flight_then_recovers(micro_model_di
 
 
 def test_an_idle_worker_exits_and_a_new_request_starts_another(micro_model_dir, monkeypatch):
-    monkeypatch.setattr(generation, "WORKER_IDLE_EXIT_S", 0.05)
+    monkeypatch.setattr(batcher_module, "WORKER_IDLE_EXIT_S", 0.05)  # read by the worker loop there
     fresh = ModelPool("cpu").get(micro_model_dir)
     assert generate_chat(fresh, ask("Hi"), GREEDY).token_count > 0
     worker = batcher_for(fresh)._thread

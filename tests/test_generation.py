@@ -8,8 +8,8 @@ import pytest
 import copy
 
 from rlhf.chat_format import STOP_STRINGS, turn_markers
-from rlhf.generation import GenerationSettings, ModelPool, _Row, _stop_prefix_len, fit_to_context, generate_chat, \
-    stream_chat
+from rlhf.generation import GenerationSettings, ModelPool, fit_to_context, generate_chat, stream_chat
+from rlhf.generation.batcher import _Row, _stop_prefix_len
 
 
 @pytest.fixture(scope="module")
