@@ -36,9 +36,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from rlhf.simulated_users import Behaviour, SimulatedUser, prompt_set  # noqa: E402
 from tests.conftest import cached_model, make_app, register_model  # noqa: E402
 from tests.live_server import LiveServer  # noqa: E402
-from webapp import ab_stats  # noqa: E402
-from webapp.extensions import db  # noqa: E402
-from webapp.models import Experiment, TrainingRun  # noqa: E402
+from webapp.experiments import stats as ab_stats  # noqa: E402
+from webapp.core.extensions import db  # noqa: E402
+from webapp.core.models import Experiment, TrainingRun  # noqa: E402
 
 FEEDBACK_BUDGET = (200, 400)  # cumulative feedback events allowed before cycle 1 and cycle 2
 EVAL_PER_ARM = 250  # chat-only answers judged per arm (the monitor waits for as many before deciding)

@@ -300,8 +300,8 @@ def open_session(port: int) -> tuple[int, str, str]:
 
 def create_answers(app, user_ids: list[int], per_user: int) -> dict[int, list[int]]:
     """One conversation per user with ``per_user`` question/answer pairs; answer ids by user."""
-    from webapp.extensions import db
-    from webapp.models import Conversation, Message
+    from webapp.core.extensions import db
+    from webapp.core.models import Conversation, Message
 
     out: dict[int, list[int]] = {}
     with app.app_context():
@@ -326,8 +326,8 @@ def create_answers(app, user_ids: list[int], per_user: int) -> dict[int, list[in
 
 def verify(app, clients: list[Client], user_of: dict[int, int]) -> dict:
     """Every accepted write stored exactly once, holding the last accepted value."""
-    from webapp.extensions import db
-    from webapp.models import Feedback
+    from webapp.core.extensions import db
+    from webapp.core.models import Feedback
 
     with app.app_context():
         rows = db.session.execute(db.select(Feedback.user_id, Feedback.message_id, Feedback.thumb, Feedback.rating,

@@ -35,7 +35,7 @@ from rlhf.corpus import sample_prompts  # noqa: E402
 from rlhf.loading import load_causal_lm  # noqa: E402
 from tests.conftest import cached_model, make_app, register_model  # noqa: E402
 from tests.live_server import LiveServer  # noqa: E402
-from webapp.config import DEFAULTS  # noqa: E402
+from webapp.core.settings import DEFAULTS  # noqa: E402
 
 
 class FirstTokenTimer(BaseStreamer):

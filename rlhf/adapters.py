@@ -199,14 +199,6 @@ class SharedWeights:
             self.adapters[adapter] = path
         return ModelView(self, adapter)
 
-    def detach(self, adapter: str) -> None:
-        """Remove an adapter's layers (its answers then come from nowhere: drop its views first)."""
-        with self.lock.write():
-            if adapter in self.adapters and self._peft is not None:
-                self._peft.delete_adapter(adapter)
-                self._after_change()
-                del self.adapters[adapter]
-
     def _unique_name(self, wanted: str) -> str:
         base = re.sub(r"\W", "_", wanted) or "adapter"
         name, n = base, 1

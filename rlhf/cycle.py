@@ -17,13 +17,14 @@ from .adapters import is_adapter
 from .curves import TrainingLogs
 from .evaluation import EvalSettings, GateThresholds, evaluate_candidate
 from .loading import load_causal_lm
-from .policy_training import ALGORITHMS, PolicySettings, train_dpo, train_kto, train_ppo, train_rloo
+from .algorithms import ALGORITHMS
+from .policy_training import PolicySettings, train_dpo, train_kto, train_ppo, train_rloo
 from .preference_data import DataSettings, DatasetBundle, build_datasets
 from .records import ConversationRecord
 from .reward_model import RewardSettings, train_reward_model
 from .stage_sizing import DataSize, NotEnoughData, policy_prompts, size_stages  # noqa: F401 (NotEnoughData re-exported)
+from .progress import ProgressFn
 
-ProgressFn = Callable[[str, int, int], None]
 LogFn = Callable[[str], None]
 
 STAGES = ("data", "reward", "policy", "evaluate")

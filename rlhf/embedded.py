@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -26,11 +26,11 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from .chat_format import PAD_TOKEN, PLAIN_CHAT_TEMPLATE
 from .corpus import generate_corpus
+from .progress import ProgressFn
 
 EOS_TOKEN = "<|endoftext|>"
 
 # progress(stage, done, total) -- called often; the caller draws bars or stores progress.
-ProgressFn = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from .loading import load_causal_lm, resolve_device
 from .reward_model import context_length, load_reward_model, score_texts
+from .progress import ProgressFn
 
-ProgressFn = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)

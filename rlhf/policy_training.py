@@ -18,13 +18,13 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+from .algorithms import ALGORITHMS  # noqa: F401 (re-exported)
 from .loading import resolve_device
 from .preference_data import to_standard
 from .reward_model import context_length, score_texts
 from .trl_utils import ProgressCallback, attach_logs, drop_printer, quiet_trl, report_to, training_precision
+from .progress import ProgressFn
 
-ProgressFn = Callable[[str, int, int], None]
-ALGORITHMS = ("ppo", "dpo", "kto", "rloo")
 
 
 @dataclass(frozen=True)

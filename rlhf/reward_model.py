@@ -9,7 +9,7 @@ import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -18,8 +18,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from .loading import resolve_device
 from .preference_data import to_standard
 from .trl_utils import ProgressCallback, attach_logs, drop_printer, quiet_trl, report_to, training_precision
+from .progress import ProgressFn
 
-ProgressFn = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)

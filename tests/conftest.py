@@ -89,8 +89,8 @@ def make_app(instance: Path, **overrides):
 def register_model(app, model_dir: Path, name: str = "v1-base", status: str = "active"):
     """Register an already built model directory as a version (copied into the store)."""
     from rlhf import registry
-    from webapp.extensions import db
-    from webapp.models import ModelVersion
+    from webapp.core.extensions import db
+    from webapp.core.models import ModelVersion
 
     with app.app_context():
         name, path, _ = registry.write_version(
@@ -153,7 +153,7 @@ def app(tmp_path, micro_model_dir, database_url):
     application = make_app(tmp_path / "instance", **overrides)
     register_model(application, micro_model_dir)
     yield application
-    from webapp.extensions import db
+    from webapp.core.extensions import db
     with application.app_context():
         db.session.remove()
         db.engine.dispose()
@@ -167,12 +167,13 @@ def route_sweep_app(tmp_path_factory, request, name: str, micro_model_dir: Path)
     database of its own, or SQLite in the instance folder). Torn down on exit."""
     from types import SimpleNamespace
 
-    from webapp.extensions import db
+    from webapp.core.extensions import db
 
     mp = pytest.MonkeyPatch()
     for key in _ENV_KEYS:
         mp.delenv(key, raising=False)
-    mp.setattr("webapp.training.spawn_training", lambda *a, **k: (0, SimpleNamespace(pid=0)))
+    for where in ("webapp.admin.api", "webapp.training.scheduler"):  # where it is called from
+        mp.setattr(f"{where}.spawn_training", lambda *a, **k: (0, SimpleNamespace(pid=0)))
     overrides = {}
     if os.environ.get("RLHF_TEST_DATABASE", "sqlite") == "postgresql":
         overrides["SQLALCHEMY_DATABASE_URI"] = request.getfixturevalue("postgres_server").create_database()
@@ -261,8 +262,8 @@ def flask_cli(*args: str):
 
 def runs_and_versions(instance: Path) -> tuple[list[tuple], list[tuple]]:
     """(status, error) of every training run and (name, status) of every model version."""
-    from webapp.extensions import db
-    from webapp.models import ModelVersion, TrainingRun
+    from webapp.core.extensions import db
+    from webapp.core.models import ModelVersion, TrainingRun
 
     app = make_app(instance)
     with app.app_context():

@@ -11,8 +11,8 @@ from typing import Callable
 
 from rlhf import corpus
 from rlhf.preferences import preference as preference_fn
-from webapp.extensions import db
-from webapp.models import Comparison, Conversation, Feedback, Message, ModelVersion, User
+from webapp.core.extensions import db
+from webapp.core.models import Comparison, Conversation, Feedback, Message, ModelVersion, User
 
 AnswerFn = Callable[[str, random.Random], str]
 

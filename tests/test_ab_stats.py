@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from webapp import ab_stats
-from webapp.ab_stats import (ALPHA, Comparison, Estimate, compare_means, compare_proportions, enough_data,
+from webapp.experiments import stats as ab_stats
+from webapp.experiments.stats import (ALPHA, Comparison, Estimate, compare_means, compare_proportions, enough_data,
                              percentile, prob_beta_greater, srm_check, t_mean, wilson)
 
 Z = 1.959963984540054  # standard normal 97.5% quantile

@@ -190,9 +190,9 @@ def test_merged_full_versions_still_load_as_plain_models(store, tmp_path):
 
 def test_pruning_keeps_the_base_of_a_kept_adapter_version(tmp_path, micro_model_dir):
     from tests.conftest import make_app, register_model
-    from webapp import scheduler as sched
-    from webapp.extensions import db
-    from webapp.models import ModelVersion
+    from webapp.training import scheduler as sched
+    from webapp.core.extensions import db
+    from webapp.core.models import ModelVersion
 
     app = make_app(tmp_path / "instance", RLHF_RETAIN_RETIRED_VERSIONS=0)
     register_model(app, micro_model_dir, name="v1-base", status="retired")
@@ -241,8 +241,8 @@ def test_rl_train_with_lora_registers_an_adapter_version_that_serves(tmp_path, m
     answers(pool.get(path))
 
     # a LoRA run on top of an adapter version trains on the merged parent and saves a full model
-    from webapp.extensions import db
-    from webapp.models import ModelVersion
+    from webapp.core.extensions import db
+    from webapp.core.models import ModelVersion
 
     with app.app_context():
         for v in db.session.scalars(db.select(ModelVersion)):

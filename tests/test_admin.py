@@ -12,9 +12,9 @@ from flask.cli import FlaskGroup
 from rlhf.corpus import sample_prompts
 from tests.conftest import ApiClient, make_app, register_model
 from webapp import create_app
-from webapp.admin_auth import set_admin_password
-from webapp.extensions import db
-from webapp.models import Assignment, AuditEvent, Experiment, ModelVersion, User
+from webapp.admin.auth import set_admin_password
+from webapp.core.extensions import db
+from webapp.core.models import Assignment, AuditEvent, Experiment, ModelVersion, User
 
 PASSWORD = "correct horse"
 
@@ -127,7 +127,7 @@ ADMIN_GETS = ["/api/admin/metrics", "/api/admin/experiments", "/api/admin/versio
               "/api/admin/runs/1", "/api/admin/feedback", "/api/admin/export?format=pairs", "/api/admin/audit"]
 ADMIN_WRITES = [("post", "/api/admin/experiments", {"key": "x", "control_version_id": 1, "variant_version_id": 2}),
                 ("patch", "/api/admin/experiments/x", {"traffic_split": 0.3}),
-                ("post", "/api/admin/experiments/x/stop", None),
+                ("post", "/api/admin/experiments/x/start", None), ("post", "/api/admin/experiments/x/stop", None),
                 ("post", "/api/admin/experiments/x/conclude", {"decision": "promote"}),
                 ("post", "/api/admin/versions/2/promote", None), ("post", "/api/admin/versions/1/rollback", None),
                 ("post", "/api/admin/runs", {})]
@@ -217,6 +217,17 @@ def test_one_running_experiment_and_unique_keys(setup):
     assert admin.post("/api/admin/experiments/e1/conclude", {"decision": "maybe"}).status_code == 400
     assert admin.post("/api/admin/experiments/e1/stop").get_json()["status"] == "stopped"
     assert admin.post("/api/admin/experiments/e1/stop").status_code == 409
+    # a draft waits until it is started, and only one experiment runs at a time
+    draft = admin.post("/api/admin/experiments", {"key": "e3", "control_version_id": 1, "variant_version_id": 2,
+                                                  "start": False})
+    assert draft.status_code == 201 and draft.get_json()["status"] == "draft"
+    assert admin.post("/api/admin/experiments/e3/start").get_json()["status"] == "running"
+    assert admin.post("/api/admin/experiments/e3/start").status_code == 409  # only a draft starts
+    admin.post("/api/admin/experiments", {"key": "e4", "control_version_id": 2, "variant_version_id": 1,
+                                          "start": False})
+    busy = admin.post("/api/admin/experiments/e4/start")
+    assert busy.status_code == 409 and "already running" in busy.get_json()["error"]
+    assert admin.post("/api/admin/experiments/nope/start").status_code == 404
 
 
 def test_conclude_promote_serves_new_users_the_variant(setup):
@@ -328,7 +339,7 @@ def test_not_enough_data_state_and_srm_warning(setup):
 from datetime import datetime, timedelta  # noqa: E402
 
 from tests.feedback_factory import add_exchange  # noqa: E402
-from webapp.models import AnswerScore, Comparison, Conversation, Feedback, TrainingRun, utcnow  # noqa: E402
+from webapp.core.models import AnswerScore, Comparison, Conversation, Feedback, TrainingRun, utcnow  # noqa: E402
 
 ISO_SECONDS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 
@@ -371,7 +382,7 @@ def test_answers_card_counts_the_last_24_hours(setup):
 def test_overview_counts_feedback_events_as_training_does(setup):
     """3 rated answers and 2 compare votes are 5 events on the overview, as training counts them;
     comment-only feedback and deleted conversations are not events."""
-    from webapp.training import feedback_events
+    from webapp.training.records import feedback_events
 
     app, _ = setup
     now = utcnow()
@@ -399,7 +410,7 @@ def test_overview_counts_feedback_events_as_training_does(setup):
 
 
 def test_scheduler_card(setup, monkeypatch):
-    import webapp.scheduler as scheduler
+    import webapp.training.scheduler as scheduler
 
     app, _ = setup
     admin = Admin(app)
@@ -498,7 +509,7 @@ def test_paths_are_relative_to_the_instance_folder(setup):
 
 
 def test_charts_of_a_few_hours_have_several_points(setup):
-    from webapp.ab_metrics import bucket_size
+    from webapp.experiments.metrics import bucket_size
 
     app, _ = setup
     assert bucket_size(timedelta(hours=2)) == (timedelta(minutes=10), "10 min")
@@ -570,7 +581,7 @@ def test_new_experiment_form_prefers_the_newest_candidate(setup, micro_model_dir
 def test_a_quiet_run_is_shown_late_before_the_watchdog_stops_it(setup):
     from datetime import timedelta
 
-    from webapp.models import TrainingRun, utcnow
+    from webapp.core.models import TrainingRun, utcnow
 
     app, _ = setup
     admin = Admin(app)
@@ -596,7 +607,7 @@ def test_a_quiet_run_is_shown_late_before_the_watchdog_stops_it(setup):
 def test_starting_a_run_shows_it_queued_at_once(setup, monkeypatch):
     import subprocess
 
-    from webapp.models import TrainingRun
+    from webapp.core.models import TrainingRun
 
     app, _ = setup
     app.config["RLHF_RETRAIN_MIN_FEEDBACK"] = 0

@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ApiClient, register_model, route_sweep_app
-from webapp.validation import REASONS
+from webapp.core.validation import REASONS
 
 EXAMPLES_PER_ROUTE = int(os.environ.get("FUZZ_EXAMPLES", "25"))
 STATE_CHANGING = {"POST", "PUT", "PATCH", "DELETE"}
@@ -121,6 +121,7 @@ ROUTES: dict[str, dict] = {
                                                               "variant_version_id": 2, "start": False},
                                   "fields": ["traffic_split"]},
     "admin_api.patch_experiment": {"caller": "admin", "base": {"traffic_split": 0.3}},
+    "admin_api.post_start": {"caller": "admin"},
     "admin_api.post_stop": {"caller": "admin"},
     "admin_api.post_conclude": {"caller": "admin", "base": {"decision": "keep_control"}},
     "admin_api.list_versions": {"caller": "admin"},
@@ -283,7 +284,7 @@ def edge_cases(rule, spec: dict, valid: dict[str, str]) -> list[dict]:
 
 def snapshot(world) -> dict[str, list]:
     """Every row of every table (including ones the ORM does not map)."""
-    from webapp.extensions import db
+    from webapp.core.extensions import db
 
     with world.app.app_context():
         with db.engine.connect() as conn:
@@ -304,9 +305,9 @@ def admin_client(app):
 def world(tmp_path_factory, micro_model_dir, request):
     """One app for the whole module, seeded with chat data of two users, versions, experiments
     and a training run. Starting a training run is stubbed (no child process)."""
-    from webapp.admin_auth import set_admin_password
-    from webapp.extensions import db
-    from webapp.models import Experiment, TrainingRun
+    from webapp.admin.auth import set_admin_password
+    from webapp.core.extensions import db
+    from webapp.core.models import Experiment, TrainingRun
 
     with route_sweep_app(tmp_path_factory, request, "fuzz", micro_model_dir) as app:
         register_model(app, micro_model_dir, name="v2-ppo", status="candidate")
@@ -359,7 +360,7 @@ def _reset(world) -> None:
     """Undo what earlier examples did to the seeded data that later examples need: deleted
     conversations come back (a 404 because an earlier example deleted the target teaches us
     nothing)."""
-    from webapp.extensions import db
+    from webapp.core.extensions import db
 
     with world.app.app_context():
         db.session.execute(sa.text("UPDATE conversations SET deleted_at = NULL WHERE deleted_at IS NOT NULL"))

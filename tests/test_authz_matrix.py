@@ -52,8 +52,8 @@ ADMIN_PAGE = {"anonymous": LOGIN, "other": LOGIN, "owner": LOGIN, "admin": 200}
 
 def chat_objects(world) -> dict:
     """A conversation of the owner with a question, two answers and a comparison pair."""
-    from webapp.extensions import db
-    from webapp.models import Comparison, Conversation, Message
+    from webapp.core.extensions import db
+    from webapp.core.models import Comparison, Conversation, Message
 
     with world.app.app_context():
         conv = Conversation(user_id=world.owner_id, title="owner's secret chat")
@@ -75,8 +75,8 @@ def chat_objects(world) -> dict:
 
 def chat_question(world) -> dict:
     """chat_objects, naming the question (a user message) instead of an answer."""
-    from webapp.extensions import db
-    from webapp.models import Message
+    from webapp.core.extensions import db
+    from webapp.core.models import Message
 
     objs = chat_objects(world)
     with world.app.app_context():
@@ -85,8 +85,8 @@ def chat_question(world) -> dict:
 
 
 def _version(world, status: str, parent_id: int | None = None) -> int:
-    from webapp.extensions import db
-    from webapp.models import ModelVersion
+    from webapp.core.extensions import db
+    from webapp.core.models import ModelVersion
 
     version = ModelVersion(name=f"authz-v{next(_ids)}", path=world.model_path, kind="ppo", status=status,
                            parent_id=parent_id)
@@ -95,8 +95,20 @@ def _version(world, status: str, parent_id: int | None = None) -> int:
     return version.id
 
 
+def no_running_experiment(world) -> None:
+    """Versions are promoted or rolled back, and a draft starts, only while no experiment runs."""
+    from webapp.core.extensions import db
+    from webapp.core.models import Experiment
+
+    with world.app.app_context():
+        for running in db.session.scalars(db.select(Experiment).filter_by(status="running")):
+            running.status = "stopped"
+        db.session.commit()
+
+
 def candidate_version(world) -> dict:
-    from webapp.extensions import db
+    no_running_experiment(world)
+    from webapp.core.extensions import db
 
     with world.app.app_context():
         vid = _version(world, "candidate")
@@ -106,8 +118,9 @@ def candidate_version(world) -> dict:
 
 def active_version_with_parent(world) -> dict:
     """An active version whose parent can take over again (what rollback needs)."""
-    from webapp.extensions import db
-    from webapp.models import ModelVersion
+    no_running_experiment(world)
+    from webapp.core.extensions import db
+    from webapp.core.models import ModelVersion
 
     with world.app.app_context():
         for v in db.session.scalars(db.select(ModelVersion).filter_by(status="active")):
@@ -119,8 +132,8 @@ def active_version_with_parent(world) -> dict:
 
 
 def draft_experiment(world) -> dict:
-    from webapp.extensions import db
-    from webapp.models import Experiment
+    from webapp.core.extensions import db
+    from webapp.core.models import Experiment
 
     with world.app.app_context():
         control, variant = _version(world, "retired"), _version(world, "candidate")
@@ -130,9 +143,15 @@ def draft_experiment(world) -> dict:
         return {"key": key}
 
 
+def startable_draft(world) -> dict:
+    """A draft while no other experiment runs (only then can it start)."""
+    no_running_experiment(world)
+    return draft_experiment(world)
+
+
 def new_experiment_body(world) -> dict:
     with world.app.app_context():
-        from webapp.extensions import db
+        from webapp.core.extensions import db
 
         variant = _version(world, "candidate")
         db.session.commit()
@@ -141,8 +160,8 @@ def new_experiment_body(world) -> dict:
 
 
 def training_run(world) -> dict:
-    from webapp.extensions import db
-    from webapp.models import TrainingRun
+    from webapp.core.extensions import db
+    from webapp.core.models import TrainingRun
 
     with world.app.app_context():
         run = TrainingRun(status="succeeded", algorithm="ppo")
@@ -220,6 +239,7 @@ MATRIX: dict[tuple[str, str], Row] = {
     ("POST", "/api/admin/experiments"): Row(admin_api(201), setup=new_experiment_body),
     ("PATCH", "/api/admin/experiments/<key>"): Row(admin_api(200), setup=draft_experiment,
                                                    body={"traffic_split": 0.25}),
+    ("POST", "/api/admin/experiments/<key>/start"): Row(admin_api(200), setup=startable_draft),
     ("POST", "/api/admin/experiments/<key>/stop"): Row(admin_api(200), setup=draft_experiment),
     ("POST", "/api/admin/experiments/<key>/conclude"): Row(admin_api(200), setup=draft_experiment,
                                                            body={"decision": "keep_control"}),
@@ -265,9 +285,9 @@ def world(tmp_path_factory, micro_model_dir, request):
     """One app for the module: the micro model as the active version, an admin, a chat user who
     owns the objects under test and another chat user, and a concluded experiment (for the
     metrics and experiment pages). Starting a training run is stubbed (no child process)."""
-    from webapp.admin_auth import set_admin_password
-    from webapp.extensions import db
-    from webapp.models import Experiment, ModelVersion, User
+    from webapp.admin.auth import set_admin_password
+    from webapp.core.extensions import db
+    from webapp.core.models import Experiment, ModelVersion, User
 
     with route_sweep_app(tmp_path_factory, request, "authz", micro_model_dir) as app:
         register_model(app, micro_model_dir, name="v2-ppo", status="retired")
@@ -307,7 +327,7 @@ def client_as(world, role: str):
 
 
 def snapshot(world) -> dict[str, set]:
-    from webapp.extensions import db
+    from webapp.core.extensions import db
 
     with world.app.app_context():
         with db.engine.connect() as conn:
@@ -375,8 +395,8 @@ def test_authorization(world, route):
 def test_ids_in_bodies_are_scoped_to_the_caller(world):
     """Ids inside request bodies are checked like ids in paths: another user's message cannot be
     replied to (parent_id) or compared again (message_id) from one's own conversation."""
-    from webapp.extensions import db
-    from webapp.models import Conversation
+    from webapp.core.extensions import db
+    from webapp.core.models import Conversation
 
     theirs = chat_objects(world)  # the owner's objects; the caller below is the other user
     with world.app.app_context():

@@ -10,9 +10,9 @@ from rlhf.corpus import sample_prompts
 from tests.browser_checks import XSS, XSS_PAYLOADS, assert_nothing_injected, watch_csp, watch_dialogs
 from tests.conftest import make_app, register_model
 from tests.live_server import LiveServer
-from webapp.admin_auth import set_admin_password
-from webapp.extensions import db
-from webapp.models import Experiment, ModelVersion
+from webapp.admin.auth import set_admin_password
+from webapp.core.extensions import db
+from webapp.core.models import Experiment, ModelVersion
 
 pytestmark = pytest.mark.browser
 

@@ -21,9 +21,9 @@ from tests.browser_checks import watch_csp
 from tests.conftest import make_app, register_model
 from tests.feedback_factory import add_exchange
 from tests.live_server import LiveServer
-from webapp.admin_auth import set_admin_password
-from webapp.extensions import db
-from webapp.models import (AnswerScore, Assignment, AuditEvent, Comparison, Conversation, Experiment, Feedback,
+from webapp.admin.auth import set_admin_password
+from webapp.core.extensions import db
+from webapp.core.models import (AnswerScore, Assignment, AuditEvent, Comparison, Conversation, Experiment, Feedback,
                            Message, ModelVersion, TrainingRun, User, utcnow)
 
 pytestmark = pytest.mark.browser
@@ -158,7 +158,7 @@ def scheduler_process(app):
     """This process plays the instance's scheduler process (``flask --app webapp scheduler``):
     it holds the scheduler lock, its jobs are in the job store (paused: nothing fires while the
     tests run), and its retrain job has looked once (and found too few feedback events)."""
-    from webapp import scheduler
+    from webapp.training import scheduler
 
     previous = scheduler._APP
     scheduler.claim_scheduler(app, "scheduler process")

@@ -9,9 +9,9 @@ import pytest
 from tests.browser_checks import XSS, assert_nothing_injected, watch_csp, watch_dialogs
 from tests.conftest import make_app
 from tests.live_server import chat_server_fixture
-from webapp.api.chat import clean_title
-from webapp.extensions import db
-from webapp.models import Comparison, Conversation, Feedback, Message, User
+from webapp.chat.conversations import clean_title
+from webapp.core.extensions import db
+from webapp.core.models import Comparison, Conversation, Feedback, Message, User
 
 pytestmark = pytest.mark.browser
 

@@ -16,8 +16,8 @@ from tests.browser_checks import assert_nothing_injected, watch_csp, watch_dialo
 from tests.conftest import make_app
 from tests.live_server import chat_server_fixture
 from tests.test_browser_chat import send, wait_for_answers, wait_for_count
-from webapp.extensions import db
-from webapp.models import Comparison, Conversation, Feedback, Message, utcnow
+from webapp.core.extensions import db
+from webapp.core.models import Comparison, Conversation, Feedback, Message, utcnow
 
 pytestmark = pytest.mark.browser
 

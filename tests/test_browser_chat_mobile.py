@@ -11,8 +11,8 @@ from tests.accessibility import assert_accessible
 from tests.test_browser_chat import send, wait_for_answers
 from tests.test_browser_chat_features import (chat_server, open_page, seed, seed_everything, shot,  # noqa: F401
                                               show, store)
-from webapp.extensions import db
-from webapp.models import Conversation, Message
+from webapp.core.extensions import db
+from webapp.core.models import Conversation, Message
 
 pytestmark = pytest.mark.browser
 

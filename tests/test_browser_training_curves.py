@@ -14,9 +14,9 @@ from tests.browser_checks import watch_csp
 from tests.conftest import make_app, register_model
 from tests.feedback_factory import seed_feedback
 from tests.live_server import LiveServer
-from webapp.admin_auth import set_admin_password
-from webapp.extensions import db
-from webapp.models import TrainingRun
+from webapp.admin.auth import set_admin_password
+from webapp.core.extensions import db
+from webapp.core.models import TrainingRun
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

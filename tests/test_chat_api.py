@@ -7,8 +7,8 @@ import pytest
 
 from tests.conftest import sse_events
 from tests.conftest import ApiClient, register_model
-from webapp.extensions import db
-from webapp.models import Assignment, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion
+from webapp.core.extensions import db
+from webapp.core.models import Assignment, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion
 
 
 def counts(app) -> dict[str, int]:
@@ -75,7 +75,7 @@ def test_first_message_titles_the_conversation(api, conv):
     ("<b>bold</b> question?", "<b>bold</b> question"),
 ])
 def test_title_is_cleaned_from_the_first_question(question, title):
-    from webapp.api.chat import TITLE_CHARS, clean_title
+    from webapp.chat.conversations import TITLE_CHARS, clean_title
 
     assert clean_title(question) == title
     assert len(clean_title(question)) <= TITLE_CHARS + 1

@@ -22,8 +22,8 @@ import requests
 from tests.conftest import make_app, register_model
 from tests.feedback_factory import add_exchange
 from tests.live_server import LiveServer
-from webapp.extensions import db
-from webapp.models import Comparison, Conversation, Feedback, Message, ModelVersion, User
+from webapp.core.extensions import db
+from webapp.core.models import Comparison, Conversation, Feedback, Message, ModelVersion, User
 
 # thread counts (26 client threads against 16 server threads) and work per thread
 CHATTERS, MESSAGES_PER_CHATTER = 6, 5

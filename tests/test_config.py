@@ -6,7 +6,7 @@ import stat
 import pytest
 
 from webapp import create_app
-from webapp.config import ConfigError, build_config
+from webapp.core.settings import ConfigError, build_config
 
 
 def test_factory_builds_app_with_instance_folder(tmp_path):

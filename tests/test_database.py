@@ -13,9 +13,9 @@ from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
 from webapp import create_app
-from webapp.extensions import db
+from webapp.core.extensions import db
 from tests.conftest import DATABASES, ApiClient, database_url_for
-from webapp.models import (Assignment, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion,
+from webapp.core.models import (Assignment, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion,
                            TrainingRun, User)
 
 TABLES = {"users", "conversations", "messages", "feedback", "comparisons", "model_versions", "experiments",
@@ -57,7 +57,7 @@ def test_init_db_is_idempotent(tmp_path, monkeypatch, database_url):
 
 
 def test_create_schema_reports_created_tables(tmp_path, database_url):
-    from webapp.database import create_schema
+    from webapp.core.database import create_schema
 
     app = create_app({"INSTANCE_DIR": str(tmp_path),
                       **({"SQLALCHEMY_DATABASE_URI": database_url} if database_url else {})})

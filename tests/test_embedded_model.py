@@ -15,8 +15,8 @@ from rlhf import corpus, registry
 from rlhf.chat_format import PLAIN_CHAT_TEMPLATE, render_prompt
 from rlhf.embedded import build_embedded_model, spec_for, train_tokenizer
 from webapp import create_app
-from webapp.extensions import db
-from webapp.models import ModelVersion
+from webapp.core.extensions import db
+from webapp.core.models import ModelVersion
 
 
 def test_corpus_is_seeded_and_mixes_every_quality():

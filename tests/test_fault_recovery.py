@@ -23,9 +23,9 @@ from tests.conftest import ROOT, make_app, register_model, seeded_instance, sse_
 from tests.conftest import flask_cli as cli
 from tests.conftest import runs_and_versions as state
 from tests.feedback_factory import seed_feedback
-from webapp.admin_auth import set_admin_password
-from webapp.extensions import db
-from webapp.models import AuditEvent, Message, ModelVersion, TrainingRun
+from webapp.admin.auth import set_admin_password
+from webapp.core.extensions import db
+from webapp.core.models import AuditEvent, Message, ModelVersion, TrainingRun
 
 FAST = {"RLHF_PPO_EPISODES": "32", "RLHF_POLICY_LR": "1e-3", "RLHF_DEVICE": "cpu"}
 
@@ -150,7 +150,7 @@ def test_fallback_walks_back_to_the_base_and_503_only_when_nothing_loads(app, ap
 
 
 def test_broken_variant_answers_from_its_parent_outside_the_experiment(app, api, lineage):
-    from webapp.experiment_service import create_experiment
+    from webapp.experiments.lifecycle import create_experiment
 
     with app.app_context():
         create_experiment("exp", lineage["v2-ppo"][0], lineage["v3-ppo"][0], 0.99, actor="test")
@@ -164,7 +164,7 @@ def test_broken_variant_answers_from_its_parent_outside_the_experiment(app, api,
 
 
 def test_dashboard_warns_before_any_request_and_restart_keeps_the_broken_version(app, lineage):
-    from webapp.bootstrap import ensure_base_version
+    from webapp.serving.versions import ensure_base_version
 
     break_version(lineage["v3-ppo"][1], "no_config")
     page = dashboard(app)
@@ -183,7 +183,7 @@ def instance(tmp_path, micro_model_dir, monkeypatch):
 
 
 class _Os:
-    """``os`` for webapp.training whose rename fails once the new version's directory in the model
+    """``os`` for webapp.training.runner whose rename fails once the new version's directory in the model
     store got one file (disk full half-way through the save)."""
 
     def __init__(self):
@@ -220,12 +220,12 @@ def fake_cycle(model_dir: Path):
 
 @pytest.mark.parametrize("where", ["half_written", "fsync", "registering"])
 def test_failure_while_saving_leaves_no_version(instance, micro_model_dir, monkeypatch, where):
-    import webapp.training
+    import webapp.training.runner
 
-    monkeypatch.setattr(webapp.training, "run_cycle", fake_cycle(micro_model_dir))
+    monkeypatch.setattr(webapp.training.runner, "run_cycle", fake_cycle(micro_model_dir))
     with monkeypatch.context() as fault:
         if where == "half_written":
-            fault.setattr(webapp.training, "os", _Os())
+            fault.setattr(webapp.training.runner, "os", _Os())
             expected = "OSError: [Errno 28] No space left on device"
         elif where == "fsync":
             fault.setattr(registry, "_fsync_tree", _fail_fsync)
@@ -254,7 +254,7 @@ def test_failure_while_saving_leaves_no_version(instance, micro_model_dir, monke
 def test_writer_killed_mid_save_leaves_only_a_temporary(tmp_path, micro_model_dir):
     """No exception handler runs on SIGKILL: only writing into a temporary directory and renaming
     it keeps a half-written version from appearing under a version's name."""
-    from webapp.scheduler import housekeeping_tick
+    from webapp.training.scheduler import housekeeping_tick
 
     app = make_app(tmp_path / "instance")
     register_model(app, micro_model_dir)
@@ -350,7 +350,7 @@ def test_killed_training_process_never_interrupts_serving(tmp_path, micro_model_
         assert run_row(inst)[1:3] == ("running", "reward")  # nobody was left to record it
 
         with app.app_context():  # the kernel released the run lock with the process
-            from webapp.scheduler import training_in_progress
+            from webapp.training.scheduler import training_in_progress
             assert not training_in_progress()
         time.sleep(2)
         # the next run marks the dead one failed, cleans up after it and succeeds

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import IntegrityError
 
-from webapp.group_commit import GroupCommitWriter
+from webapp.core.group_commit import GroupCommitWriter
 
 UPSERT = text("INSERT INTO ratings (k, v) VALUES (:k, :v) ON CONFLICT (k) DO UPDATE SET v = excluded.v "
               "RETURNING k, v")

@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from flask.cli import FlaskGroup
 
 from tests.conftest import ApiClient
-from webapp.admin_auth import set_admin_password
-from webapp.extensions import db
-from webapp.models import Comparison, Conversation, Message, ModelVersion
+from webapp.admin.auth import set_admin_password
+from webapp.core.extensions import db
+from webapp.core.models import Comparison, Conversation, Message, ModelVersion
 
 FORMATS = ("pairs", "kto", "sft", "raw")
 EMAIL, PHONE_UK, PHONE_US = "jane.doe+work@mail.example.co.uk", "+44 20 7946 0958", "(555) 123-4567"
@@ -75,7 +75,7 @@ def cli_export(app, fmt: str, *extra: str) -> str:
 
 def every_export(app, admin, **flags) -> dict[str, str]:
     """Each format through each way out: export_rows, the CLI and the admin API (JSONL text)."""
-    from webapp.training import export_rows
+    from webapp.training.records import export_rows
 
     redact = flags.get("redact", True)
     out = {}
@@ -95,7 +95,7 @@ def training_view(app) -> str:
     from dataclasses import asdict
 
     from rlhf.preference_data import build_datasets
-    from webapp.training import feedback_records
+    from webapp.training.records import feedback_records
 
     with app.app_context():
         records = feedback_records()
@@ -106,8 +106,9 @@ def training_view(app) -> str:
 
 def records_seen_by_a_training_run(app, monkeypatch) -> list:
     """The records ``run_training`` really hands to the ML code (stopped right there)."""
-    import webapp.training as training
+    import webapp.training.runner as runner
     from rlhf.cycle import NotEnoughData
+    from webapp.training.runs import RunRefused
 
     seen = []
 
@@ -115,16 +116,16 @@ def records_seen_by_a_training_run(app, monkeypatch) -> list:
         seen.extend(records)
         raise NotEnoughData("captured")
 
-    monkeypatch.setattr(training, "build_datasets", capture)
-    with app.app_context(), pytest.raises(training.RunRefused, match="captured"):
-        training.run_training(min_feedback=0)
+    monkeypatch.setattr(runner, "build_datasets", capture)
+    with app.app_context(), pytest.raises(RunRefused, match="captured"):
+        runner.run_training(min_feedback=0)
     return seen
 
 
 # ---------------------------------------------------------------------------- deletion
 
 def test_deleted_conversation_leaves_training_data_and_every_export(app, api, monkeypatch):
-    from webapp.training import feedback_event_count
+    from webapp.training.records import feedback_event_count
 
     keep = add_conversation(app, api.user_id, "KEEPMARK")
     gone = add_conversation(app, api.user_id, "GONEMARK")

@@ -11,8 +11,8 @@ from tests.conftest import flask_cli as cli
 from tests.conftest import runs_and_versions as state
 from tests.conftest import make_app, register_model
 from tests.feedback_factory import seed_feedback
-from webapp.extensions import db
-from webapp.models import Conversation, TrainingRun
+from webapp.core.extensions import db
+from webapp.core.models import Conversation, TrainingRun
 
 pytestmark = pytest.mark.slow
 

@@ -11,10 +11,10 @@ from rlhf.simulated_users import Behaviour, SimulatedUser, prompt_set
 from tests.conftest import make_app, register_model
 from tests.feedback_factory import seed_feedback
 from tests.live_server import LiveServer
-from webapp import scheduler as sched
-from webapp.extensions import db
-from webapp.models import AuditEvent, Experiment, Feedback, Message, ModelVersion, TrainingRun, User, Conversation
-from webapp.promotion import PolicySettings, decide
+from webapp.training import scheduler as sched
+from webapp.core.extensions import db
+from webapp.core.models import AuditEvent, Experiment, Feedback, Message, ModelVersion, TrainingRun, User, Conversation
+from webapp.experiments.promotion import PromotionPolicy, decide
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ def table(diff, p, n=200, enough=True, metric="thumbs_up_rate", higher=True, kin
 ])
 def test_promotion_policy(metrics, hours, action, needle):
     primary = metrics["metrics"][0]["name"]
-    decision = decide(metrics, PolicySettings(primary_metric=primary, alpha=0.05, max_hours=72), hours)
+    decision = decide(metrics, PromotionPolicy(primary_metric=primary, alpha=0.05, max_hours=72), hours)
     assert decision.action == action and needle in decision.reason
     assert decision.numbers["p_value"] == metrics["metrics"][0]["comparison"]["p_value"]
 
@@ -49,15 +49,15 @@ def test_promotion_policy(metrics, hours, action, needle):
 def test_guardrail_blocks_promotion_on_a_self_serving_metric():
     metrics = table(0.5, 0.0001, metric="mean_reward", kind="mean")
     metrics["metrics"].append(table(-0.1, 0.001)["metrics"][0])  # thumbs-up rate significantly worse
-    decision = decide(metrics, PolicySettings(primary_metric="mean_reward"), 1)
+    decision = decide(metrics, PromotionPolicy(primary_metric="mean_reward"), 1)
     assert decision.action == "retire" and "thumbs_up_rate" in decision.reason
     metrics["metrics"][1]["comparison"]["p_value"] = 0.4  # not significant: no objection
-    assert decide(metrics, PolicySettings(primary_metric="mean_reward"), 1).action == "promote"
+    assert decide(metrics, PromotionPolicy(primary_metric="mean_reward"), 1).action == "promote"
 
 
 def test_unknown_primary_metric_is_an_error():
     with pytest.raises(ValueError, match="unknown primary metric"):
-        decide(table(0.1, 0.01), PolicySettings(primary_metric="vibes"), 1)
+        decide(table(0.1, 0.01), PromotionPolicy(primary_metric="vibes"), 1)
 
 
 # ---------------------------------------------------------------------------- jobs

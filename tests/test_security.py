@@ -8,10 +8,10 @@ import time
 import pytest
 
 from tests.conftest import ApiClient, make_app, register_model
-from webapp.admin_auth import set_admin_password
-from webapp.config import ConfigError
-from webapp.extensions import db
-from webapp.models import Message
+from webapp.admin.auth import set_admin_password
+from webapp.core.settings import ConfigError
+from webapp.core.extensions import db
+from webapp.core.models import Message
 
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; object-src 'none'; "
        "base-uri 'self'; form-action 'self'; frame-ancestors 'none'")
@@ -257,7 +257,7 @@ def test_login_limit_per_username_across_addresses(limited_app):
 def test_default_limits_leave_room_for_many_users_behind_one_address():
     from limits import parse_many
 
-    from webapp.config import DEFAULTS
+    from webapp.core.settings import DEFAULTS
 
     def per_minute(key):
         return min(item.amount * 60 / item.get_expiry() for item in parse_many(DEFAULTS[key]))

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from tests.feedback_factory import add_exchange
-from webapp.extensions import db
-from webapp.models import User
+from webapp.core.extensions import db
+from webapp.core.models import User
 
 
 def test_new_visitor_gets_a_user_and_a_signed_cookie(app, client):

@@ -10,8 +10,8 @@ import pytest
 from rlhf.curves import CurvesFile, read_curves, series
 from tests.conftest import flask_cli as cli
 from tests.conftest import make_app, register_model, seeded_instance
-from webapp.extensions import db
-from webapp.models import TrainingRun
+from webapp.core.extensions import db
+from webapp.core.models import TrainingRun
 
 FAST = {"RLHF_PPO_EPISODES": "32", "RLHF_POLICY_LR": "1e-3"}
 PASSWORD = "correct horse battery"
@@ -77,7 +77,7 @@ def test_ppo_run_writes_reward_and_ppo_curves(instance):
     with app.app_context():  # the run's metrics still tell the reward model's training accuracy
         run = db.session.get(TrainingRun, run_id)
         assert 0 <= run.metrics["reward_model"]["train_accuracy"] <= 1
-        from webapp.admin_auth import set_admin_password
+        from webapp.admin.auth import set_admin_password
         set_admin_password("root", PASSWORD)
     client = app.test_client()  # the admin API serves the same numbers as series
     _login(client)
@@ -117,10 +117,10 @@ def test_tensorboard_event_files_when_asked(instance, monkeypatch):
 
 
 def test_tensorboard_without_the_package_refuses_the_run(instance, monkeypatch):
-    import webapp.training
+    import webapp.training.runner
 
     monkeypatch.setenv("RLHF_TENSORBOARD", "1")
-    monkeypatch.setattr(webapp.training, "tensorboard_available", lambda: False)
+    monkeypatch.setattr(webapp.training.runner, "tensorboard_available", lambda: False)
     result = cli("rl-train", "--min-feedback", "10")
     assert result.exit_code == 2
     assert "Error: RLHF_TENSORBOARD=1 needs the tensorboard package" in result.output
@@ -132,7 +132,7 @@ def test_tensorboard_without_the_package_refuses_the_run(instance, monkeypatch):
 
 @pytest.fixture
 def admin_client(tmp_path, micro_model_dir):
-    from webapp.admin_auth import set_admin_password
+    from webapp.admin.auth import set_admin_password
 
     app = make_app(tmp_path / "instance")
     register_model(app, micro_model_dir)

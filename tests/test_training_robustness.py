@@ -27,8 +27,8 @@ from rlhf.reward_model import RewardSettings
 from tests.conftest import ROOT, make_app, register_model
 from tests.conftest import runs_and_versions as state
 from tests.feedback_factory import add_exchange
-from webapp.extensions import db
-from webapp.models import Comparison, Feedback, ModelVersion, TrainingRun, User, utcnow
+from webapp.core.extensions import db
+from webapp.core.models import Comparison, Feedback, ModelVersion, TrainingRun, User, utcnow
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +89,8 @@ def write_feedback(app, conversations: list[dict]) -> None:
 def run_bounded(app, **kwargs) -> tuple[str, object]:
     """``run_training`` in a thread: ('ok', summary) / ('refused', message) / ('error', exc), or a
     test failure if it has not ended within RUN_TIME_LIMIT_S."""
-    from webapp.training import RunRefused, run_training
+    from webapp.training.runs import RunRefused
+    from webapp.training.runner import run_training
 
     outcome: list[tuple[str, object]] = []
 
@@ -217,8 +218,8 @@ def enough_feedback(app) -> None:
 
 
 def test_watchdog_stops_a_run_without_heartbeats_and_the_next_run_succeeds(tmp_path, micro_model_dir, monkeypatch):
-    from webapp.scheduler import training_in_progress
-    from webapp.training import spawn_training
+    from webapp.training.scheduler import training_in_progress
+    from webapp.training.runs import spawn_training
 
     instance = tmp_path / "instance"
     monkeypatch.setenv("RLHF_INSTANCE_DIR", str(instance))
@@ -246,13 +247,13 @@ def test_watchdog_stops_a_run_without_heartbeats_and_the_next_run_succeeds(tmp_p
         with app.app_context():
             assert training_in_progress()
             limits = db.session.get(TrainingRun, run_id).config["limits"]
-            from webapp import training
+            from webapp.training import watchdog
 
             # the heartbeat is frozen; look at it as the watchdog will once the stall limit has passed
             later = utcnow() + timedelta(seconds=limits["stall_seconds"] + 1)
-            health = training.run_health(db.session.get(TrainingRun, run_id), later)
+            health = watchdog.run_health(db.session.get(TrainingRun, run_id), later)
             assert health["overdue"] and "no progress" in health["overdue"]
-            stopped = training.enforce_run_limits(later)
+            stopped = watchdog.enforce_run_limits(later)
             assert [(s["run_id"], s["killed"]) for s in stopped] == [(run_id, True)]
             assert proc.wait(30) == -signal.SIGKILL
             run = db.session.get(TrainingRun, run_id)
@@ -271,7 +272,7 @@ def test_watchdog_stops_a_run_without_heartbeats_and_the_next_run_succeeds(tmp_p
 
 
 def test_the_runs_own_watchdog_fails_a_run_that_stops_reporting_progress(tmp_path, micro_model_dir):
-    from webapp.training import RunWatchdog
+    from webapp.training.watchdog import RunWatchdog
 
     app = make_app(tmp_path / "instance")
     with app.app_context():
@@ -291,7 +292,7 @@ def test_the_runs_own_watchdog_fails_a_run_that_stops_reporting_progress(tmp_pat
 
 
 def test_a_quiet_run_shows_late_before_it_is_stopped(tmp_path):
-    from webapp.training import run_health
+    from webapp.training.watchdog import run_health
 
     app = make_app(tmp_path / "instance")
     now = utcnow()

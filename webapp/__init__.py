@@ -11,7 +11,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from flask import Flask  # noqa: E402
 
-from .config import ROOT, build_config  # noqa: E402
+from webapp.core.settings import ROOT, build_config  # noqa: E402
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
@@ -21,8 +21,8 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
                 static_folder=str(ROOT / "static"))
     app.config.update(cfg)
 
-    from .database import create_schema, init_database
-    from .extensions import csrf, limiter, login_manager
+    from webapp.core.database import create_schema, init_database
+    from webapp.core.extensions import csrf, limiter, login_manager
 
     init_database(app)
     csrf.init_app(app)
@@ -30,13 +30,17 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     login_manager.login_view = "admin_auth.login"
     limiter.init_app(app)
 
-    from . import admin_auth, admin_pages, auth, cli, errors, pages, security
-    from .api import admin as admin_api
-    from .api import chat as chat_api
-    from .api import session as session_api
-    from .validation import IdConverter
+    from webapp import cli
+    from webapp.admin import api as admin_api
+    from webapp.admin import auth as admin_auth
+    from webapp.admin import pages as admin_pages
+    from webapp.chat import api as chat_api
+    from webapp.chat import pages
+    from webapp.chat import session as session_api
+    from webapp.core import errors, identity, security
+    from webapp.core.validation import IdConverter
 
-    auth.init_app(app)
+    identity.init_app(app)
     errors.init_app(app)
     security.init_app(app)
     app.url_map.converters["int"] = IdConverter  # before any route is added

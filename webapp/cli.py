@@ -7,10 +7,11 @@ import sys
 import click
 from flask import Flask, current_app
 
+from rlhf.algorithms import ALGORITHMS
 from rlhf.loading import ModelLoadError
 from rlhf.progress import StageBars
 
-from .config import ConfigError
+from webapp.core.settings import ConfigError
 
 
 def init_app(app: Flask) -> None:
@@ -21,7 +22,7 @@ def init_app(app: Flask) -> None:
     app.cli.add_command(export_feedback_command)
     app.cli.add_command(ab_report_command)
     app.cli.add_command(scheduler_command)
-    from .admin_auth import create_admin_command
+    from webapp.admin.auth import create_admin_command
 
     app.cli.add_command(create_admin_command)
 
@@ -29,7 +30,7 @@ def init_app(app: Flask) -> None:
 @click.command("init-db")
 def init_db_command() -> None:
     """Create any missing tables (safe to run again)."""
-    from .database import create_schema
+    from webapp.core.database import create_schema
 
     created = create_schema()
     click.echo(f"Created tables: {', '.join(created)}" if created else "Database is up to date.")
@@ -44,7 +45,7 @@ def init_model_command(force: bool) -> None:
 
 
 def _ensure_model(force: bool = False):
-    from .bootstrap import ensure_base_version
+    from webapp.serving.versions import ensure_base_version
 
     try:
         with StageBars() as bars:
@@ -103,7 +104,7 @@ def serve_command(host: str, port: int, threads: int, workers: int) -> None:
 
                 torch.set_num_threads(inference_threads)
             if app.config["RLHF_SCHEDULER"]:
-                from .scheduler import SchedulerAlreadyRunning, start_background
+                from webapp.training.scheduler import SchedulerAlreadyRunning, start_background
 
                 try:
                     start_background(app)
@@ -117,7 +118,7 @@ def serve_command(host: str, port: int, threads: int, workers: int) -> None:
 
 
 @click.command("rl-train")
-@click.option("--algorithm", type=click.Choice(["ppo", "dpo", "kto", "rloo"]), default="ppo", show_default=True)
+@click.option("--algorithm", type=click.Choice(ALGORITHMS), default="ppo", show_default=True)
 @click.option("--min-feedback", type=int, default=None,
               help="Refuse below this many feedback events [default: RLHF_RETRAIN_MIN_FEEDBACK].")
 @click.option("--max-steps", type=int, default=None, help="Cap on policy optimisation steps.")
@@ -134,11 +135,12 @@ def rl_train_command(algorithm: str, min_feedback: int | None, max_steps: int | 
     2 refused to start (not enough feedback, another run in progress, invalid setting);
     1 the run failed (marked failed; the active version is unchanged).
     """
-    from .training import EXIT_FAILED, EXIT_GATE_REJECTED, EXIT_REFUSED, RunRefused, dumps, run_training
-
     import torch
 
     from rlhf.embedded import torch_threads
+
+    from webapp.training.runner import dumps, run_training
+    from webapp.training.runs import EXIT_FAILED, EXIT_GATE_REJECTED, EXIT_REFUSED, RunRefused
 
     threads = int(current_app.config["RLHF_TRAIN_THREADS"])  # leave cores to a web server on the same machine
     bars = StageBars(disable=not sys.stderr.isatty())
@@ -182,7 +184,7 @@ def export_feedback_command(fmt: str, output: str, redact: bool) -> None:
     import json
     import os
 
-    from .training import export_rows
+    from webapp.training.records import export_rows
 
     rows = export_rows(fmt, redact=redact)
     text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
@@ -203,9 +205,9 @@ def ab_report_command(key: str | None, as_json: bool) -> None:
     """Per-arm A/B metrics with 95% intervals, p-values, chance to beat control and the SRM check."""
     import json
 
-    from .ab_metrics import default_experiment, experiment_metrics
-    from .models import Experiment
-    from .extensions import db
+    from webapp.core.extensions import db
+    from webapp.core.models import Experiment
+    from webapp.experiments.metrics import default_experiment, experiment_metrics
 
     exp = db.session.scalars(db.select(Experiment).filter_by(key=key)).first() if key else default_experiment()
     if exp is None:
@@ -247,7 +249,7 @@ def scheduler_command() -> None:
     """Run the APScheduler loop (retrain, experiment monitor, housekeeping) as its own process."""
     import logging
 
-    from .scheduler import SchedulerAlreadyRunning, build_scheduler, claim_scheduler
+    from webapp.training.scheduler import SchedulerAlreadyRunning, build_scheduler, claim_scheduler
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     app = current_app._get_current_object()

@@ -7,12 +7,12 @@ app = create_app()
 if app.config["RLHF_AUTO_INIT_MODEL"]:
     from rlhf.progress import StageBars
 
-    from .bootstrap import ensure_base_version
+    from webapp.serving.versions import ensure_base_version
 
     with app.app_context(), StageBars() as bars:
         ensure_base_version(progress=bars)
 
 if app.config["RLHF_SCHEDULER"]:
-    from .scheduler import start_background
+    from webapp.training.scheduler import start_background
 
     start_background(app)

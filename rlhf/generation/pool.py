@@ -104,9 +104,6 @@ class ModelPool:
             raise ModelLoadError(f"adapter version {name} could not be loaded: {exc}") from exc
         return LoadedModel(name, view, base.tokenizer, self.device)
 
-    def evict(self, path: str | Path) -> None:
-        self._models.pop(str(path), None)
-
     def loaded(self) -> list[str]:
         return list(self._models)
 

@@ -6,8 +6,9 @@
 "use strict";
 
 (() => {
-  const REASONS_UP = ["helpful", "polite", "concise", "accurate", "on-topic"];
-  const REASONS_DOWN = ["rude", "off-topic", "too long", "too short", "wrong", "unhelpful", "repetitive"];
+  // the reason chips, as the server defines them (webapp/core/validation.py)
+  const REASONS_UP = JSON.parse(document.body.dataset.reasonsUp || "[]");
+  const REASONS_DOWN = JSON.parse(document.body.dataset.reasonsDown || "[]");
   const SUGGESTIONS = ["How do I cook rice?", "Any tips to start running?", "How can I save money?",
                        "How do I fix a bug in my code?"];
   const NEAR_BOTTOM_PX = 80;   // closer than this to the end counts as "at the bottom"

@@ -1,0 +1,154 @@
+"""The code's shape: rlhf/ is plain ML (no Flask, no webapp), webapp/ is grouped by feature and its
+import graph is a tree (no cycles between modules or between features), and the README's
+architecture map names every module there is.
+
+Imports are read from the source (every ``import`` statement, including those inside
+functions), so a cycle hidden behind a function-level import is still found.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FEATURES = ("core", "serving", "experiments", "chat", "training", "admin")
+
+
+def modules(package: str) -> dict[str, Path]:
+    out = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def imported_names(name: str, path: Path) -> set[str]:
+    """Absolute names of everything ``path`` (module ``name``) imports, anywhere in the file."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            found.add(stem)
+            found.update(f"{stem}.{alias.name}" for alias in node.names)  # "from pkg import module"
+    return found
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    mods = modules(package)
+    graph = {}
+    for name, path in mods.items():
+        targets = set()
+        for imported in imported_names(name, path):
+            # the longest known module the name starts with ("webapp.core.models.User" -> webapp.core.models)
+            while imported and imported not in mods:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and not name.startswith(imported + "."):
+                targets.add(imported)  # importing a parent package only runs its (small) __init__
+        graph[name] = {t for t in targets if not (t == package and name != package)}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = 2
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def feature_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in FEATURES) else None
+
+
+def test_rlhf_imports_neither_flask_nor_webapp():
+    offenders = {name: sorted(n for n in imported_names(name, path)
+                              if n.split(".")[0] in ("flask", "flask_sqlalchemy", "flask_login", "flask_wtf",
+                                                     "flask_limiter", "werkzeug", "webapp"))
+                 for name, path in modules("rlhf").items()}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_webapp_modules_import_no_cycle():
+    graph = import_graph("webapp")
+    assert len(graph) > 20  # the walk found the modules
+    assert "webapp.core.models" in graph["webapp.chat.api"]  # and their imports
+    assert find_cycle(graph) is None
+
+
+def test_features_depend_on_each_other_as_a_tree():
+    """Between feature packages too: core depends on no feature; no two features need each other."""
+    graph = import_graph("webapp")
+    features: dict[str, set[str]] = {f: set() for f in FEATURES}
+    for module, targets in graph.items():
+        source = feature_of(module)
+        if source is None:
+            continue  # the app factory, CLI and WSGI entry assemble every feature
+        for target in targets:
+            dest = feature_of(target)
+            assert dest is not None, f"{module} imports the app assembly module {target}"
+            if dest != source:
+                features[source].add(dest)
+    assert features["core"] == set()
+    assert find_cycle(features) is None, features
+
+
+def test_find_cycle_finds_one():
+    """The checker itself: a planted cycle is reported, a tree is not."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def readme_map() -> set[str]:
+    """File paths named by the README's architecture map: an indented tree (two spaces a level)
+    of folders ending in "/" and files, each followed by what it does."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Architecture"):]
+    block = section.split("```")[1]
+    paths, folders = set(), []
+    for line in block.splitlines():
+        name = line.strip().split(" ")[0]
+        if not name or not re.match(r"^[\w.]+/?$", name):
+            continue  # a description's continuation line, or "templates/, static/"
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        del folders[depth:]
+        if name.endswith("/"):
+            folders.append(name)
+        else:
+            paths.add("".join(folders) + name)
+    return paths
+
+
+@pytest.mark.parametrize("package", ["webapp", "rlhf"])
+def test_readme_architecture_map_names_every_module(package):
+    """The README's map lists each module where it is, and no module that is gone."""
+    listed = {p for p in readme_map() if p.startswith(package + "/") and p.endswith(".py")}
+    actual = {str(p.relative_to(ROOT)) for p in modules(package).values()
+              if not (p.name == "__init__.py" and (p.parent != ROOT / package or not p.read_text().strip()))}
+    assert sorted(actual - listed) == [], "modules missing from the README's architecture map"
+    assert sorted(listed - actual) == [], "the README's architecture map names modules that do not exist"

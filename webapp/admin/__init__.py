@@ -1,0 +1,1 @@
+"""The admin side: login, the dashboard pages, the admin JSON API, charts, the feedback browser."""

@@ -1,0 +1,29 @@
+"""Training runs as the dashboard and the admin API show them."""
+from __future__ import annotations
+
+from webapp.core.display import display_paths, display_text
+from webapp.core.extensions import db
+from webapp.core.models import TrainingRun, iso
+from webapp.training.watchdog import run_health
+
+
+def run_or_404(run_id: int) -> TrainingRun:
+    """The training run, or 404 "Training run not found." (API and pages alike)."""
+    return db.get_or_404(TrainingRun, run_id, description="Training run not found.")
+
+
+def run_dict(run: TrainingRun, full: bool = False) -> dict:
+    """A run for the dashboard and the API; paths in it are relative to the instance folder."""
+    data = {"id": run.id, "trigger": run.trigger, "algorithm": run.algorithm, "status": run.status,
+            "stage": run.stage, "progress": run.progress, "error": display_text(run.error),
+            "version_id": run.version_id,
+            "decision": (run.metrics or {}).get("decision"), "created_at": iso(run.created_at),
+            "started_at": iso(run.started_at), "finished_at": iso(run.finished_at),
+            "heartbeat_at": iso(run.heartbeat_at), "pid": run.pid}
+    if run.status in ("queued", "running"):
+        health = run_health(run)
+        data["late"] = health["message"] if health["late"] else None  # shown before the watchdog stops it
+    if full:
+        data.update(feedback_counts=run.feedback_counts, metrics=display_paths(run.metrics),
+                    config=display_paths(run.config), log=display_text(run.log))
+    return data

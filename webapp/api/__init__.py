@@ -1,1 +1,0 @@
-"""JSON API blueprints (the README's HTTP API section is their contract)."""

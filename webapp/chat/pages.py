@@ -1,0 +1,14 @@
+"""Server-rendered pages for end users."""
+from __future__ import annotations
+
+from flask import Blueprint, current_app, render_template
+
+from webapp.core.validation import REASONS_DOWN, REASONS_UP
+
+bp = Blueprint("pages", __name__)
+
+
+@bp.get("/")
+def index():
+    return render_template("chat.html", max_chars=current_app.config["RLHF_MAX_MESSAGE_CHARS"],
+                           reasons_up=list(REASONS_UP), reasons_down=list(REASONS_DOWN))

@@ -1,0 +1,53 @@
+"""Paths and text as the dashboard shows them: relative to the instance folder (or the model
+store), so the API and pages never reveal where the instance lives on disk."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flask import current_app
+
+
+def display_path(path: str | None) -> str | None:
+    """``path`` as the dashboard shows it: relative to the instance folder (or to the model
+    store when that lies elsewhere); other paths unchanged."""
+    if not path:
+        return path
+    p = Path(path)
+    if not p.is_absolute():
+        return path
+    cfg = current_app.config
+    for root in (cfg.get("INSTANCE_DIR"), cfg.get("MODEL_STORE")):
+        if not root:
+            continue
+        for base in {Path(root), Path(root).resolve()}:
+            try:
+                rel = p.relative_to(base)
+            except ValueError:
+                continue
+            return rel.as_posix() or "."
+    return path
+
+
+def display_paths(value: Any) -> Any:
+    """A copy of ``value`` (JSON-like) with every absolute path under the instance folder or the
+    model store made relative (:func:`display_path`); for API answers meant for display."""
+    if isinstance(value, dict):
+        return {k: display_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [display_paths(v) for v in value]
+    if isinstance(value, str) and value.startswith("/"):
+        return display_path(value)
+    return value
+
+
+def display_text(text: str | None) -> str | None:
+    """Free text (a run's log) with the instance folder's and model store's prefixes removed."""
+    if not text:
+        return text
+    cfg = current_app.config
+    for root in (cfg.get("INSTANCE_DIR"), cfg.get("MODEL_STORE")):
+        if root:
+            for base in {str(Path(root)), str(Path(root).resolve())}:
+                text = text.replace(base.rstrip("/") + "/", "")
+    return text

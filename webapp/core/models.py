@@ -1,0 +1,246 @@
+"""The data model (tables and columns as the README describes them). Plain SQLAlchemy 2 declarative classes, so
+any SQLAlchemy database works; SQLite is the default."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from flask_login import UserMixin
+from sqlalchemy import (JSON, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, String, Text,
+                        UniqueConstraint)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from webapp.core.extensions import db
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def iso(dt: Optional[datetime]) -> Optional[str]:
+    return dt.replace(tzinfo=timezone.utc).isoformat().replace("+00:00", "Z") if dt else None
+
+
+ROLES = ("user", "assistant", "system")
+THUMBS = ("up", "down")
+WINNERS = ("a", "b", "tie", "both_bad")
+VERSION_STATUSES = ("candidate", "active", "retired", "failed")
+EXPERIMENT_STATUSES = ("draft", "running", "stopped", "concluded")
+RUN_STATUSES = ("queued", "running", "succeeded", "failed")
+ARMS = ("control", "variant")
+
+
+class User(UserMixin, db.Model):
+    """An anonymous visitor (``anon_id`` from the signed cookie) or an admin (``username``)."""
+
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    anon_id: Mapped[Optional[str]] = mapped_column(String(64), unique=True)
+    username: Mapped[Optional[str]] = mapped_column(String(80), unique=True)
+    password_hash: Mapped[Optional[str]] = mapped_column(String(255))
+    is_admin: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+    conversations = relationship("Conversation", back_populates="user", passive_deletes=True)
+
+
+class Conversation(db.Model):
+    __tablename__ = "conversations"
+    __table_args__ = (Index("ix_conversations_user_created", "user_id", "created_at"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    title: Mapped[str] = mapped_column(String(200), default="New chat")
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+    # Soft delete: hidden from the user at once, excluded from training data and exports.
+    deleted_at: Mapped[Optional[datetime]] = mapped_column(DateTime)
+
+    user = relationship("User", back_populates="conversations")
+    messages = relationship("Message", back_populates="conversation", order_by="Message.id",
+                            passive_deletes=True)
+
+
+class Message(db.Model):
+    """One turn. Regenerated answers are siblings: same ``parent_id`` (the user message)."""
+
+    __tablename__ = "messages"
+    __table_args__ = (CheckConstraint(f"role IN {ROLES}", name="ck_messages_role"),
+                      CheckConstraint("arm IS NULL OR arm IN ('control', 'variant')", name="ck_messages_arm"))
+    id: Mapped[int] = mapped_column(primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[str] = mapped_column(Text)
+    parent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"), index=True)
+    model_version_id: Mapped[Optional[int]] = mapped_column(ForeignKey("model_versions.id"), index=True)
+    experiment_id: Mapped[Optional[int]] = mapped_column(ForeignKey("experiments.id"), index=True)
+    arm: Mapped[Optional[str]] = mapped_column(String(16))
+    latency_ms: Mapped[Optional[float]] = mapped_column(Float)
+    token_count: Mapped[Optional[int]] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+    conversation = relationship("Conversation", back_populates="messages")
+    model_version = relationship("ModelVersion")
+
+
+class Feedback(db.Model):
+    """One row per (user, message), updated in place when the user changes their mind."""
+
+    __tablename__ = "feedback"
+    __table_args__ = (UniqueConstraint("user_id", "message_id", name="uq_feedback_user_message"),
+                      CheckConstraint("thumb IS NULL OR thumb IN ('up', 'down')", name="ck_feedback_thumb"),
+                      CheckConstraint("rating IS NULL OR (rating BETWEEN 1 AND 5)", name="ck_feedback_rating"))
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    message_id: Mapped[int] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"), index=True)
+    thumb: Mapped[Optional[str]] = mapped_column(String(8))
+    rating: Mapped[Optional[int]] = mapped_column(Integer)
+    correction: Mapped[Optional[str]] = mapped_column(Text)
+    comment: Mapped[Optional[str]] = mapped_column(Text)
+    reasons: Mapped[list] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow, index=True)
+
+    message = relationship("Message")
+
+
+class Comparison(db.Model):
+    """Two assistant answers to one user message shown side by side, and the user's pick."""
+
+    __tablename__ = "comparisons"
+    __table_args__ = (CheckConstraint("winner IS NULL OR winner IN ('a', 'b', 'tie', 'both_bad')",
+                                      name="ck_comparisons_winner"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    prompt_message_id: Mapped[int] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"), index=True)
+    message_a_id: Mapped[int] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"))
+    message_b_id: Mapped[int] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"))
+    winner: Mapped[Optional[str]] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    voted_at: Mapped[Optional[datetime]] = mapped_column(DateTime)
+
+    message_a = relationship("Message", foreign_keys=[message_a_id])
+    message_b = relationship("Message", foreign_keys=[message_b_id])
+
+
+class ModelVersion(db.Model):
+    __tablename__ = "model_versions"
+    __table_args__ = (CheckConstraint(f"status IN {VERSION_STATUSES}", name="ck_model_versions_status"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(120), unique=True)
+    path: Mapped[str] = mapped_column(String(1000))
+    parent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("model_versions.id"))
+    kind: Mapped[str] = mapped_column(String(32))  # base / ppo / dpo / kto / rloo / reward
+    status: Mapped[str] = mapped_column(String(16), default="candidate", index=True)
+    # A cycle with training_runs.version_id, so created by ALTER TABLE; the name (PostgreSQL's default
+    # for it) lets drop_all drop it first.
+    training_run_id: Mapped[Optional[int]] = mapped_column(
+        ForeignKey("training_runs.id", use_alter=True, name="model_versions_training_run_id_fkey"))
+    metrics: Mapped[dict] = mapped_column(JSON, default=dict)
+    config: Mapped[dict] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+    parent = relationship("ModelVersion", remote_side=[id])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "kind": self.kind, "status": self.status,
+                "parent_id": self.parent_id, "training_run_id": self.training_run_id,
+                "metrics": self.metrics or {}, "created_at": iso(self.created_at)}
+
+
+class Experiment(db.Model):
+    __tablename__ = "experiments"
+    __table_args__ = (CheckConstraint(f"status IN {EXPERIMENT_STATUSES}", name="ck_experiments_status"),
+                      CheckConstraint("traffic_split > 0 AND traffic_split < 1", name="ck_experiments_split"))
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(String(120), unique=True)  # also the hash seed
+    control_version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"))
+    variant_version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"))
+    traffic_split: Mapped[float] = mapped_column(Float, default=0.5)  # share of users in the variant
+    status: Mapped[str] = mapped_column(String(16), default="draft", index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    started_at: Mapped[Optional[datetime]] = mapped_column(DateTime)
+    ended_at: Mapped[Optional[datetime]] = mapped_column(DateTime)
+    decision: Mapped[Optional[str]] = mapped_column(String(32))  # promote / keep_control
+    decision_detail: Mapped[dict] = mapped_column(JSON, default=dict)
+
+    control_version = relationship("ModelVersion", foreign_keys=[control_version_id])
+    variant_version = relationship("ModelVersion", foreign_keys=[variant_version_id])
+
+
+class Assignment(db.Model):
+    """A user's first exposure to an experiment; sticky thereafter."""
+
+    __tablename__ = "assignments"
+    __table_args__ = (UniqueConstraint("experiment_id", "user_id", name="uq_assignments_experiment_user"),
+                      CheckConstraint("arm IN ('control', 'variant')", name="ck_assignments_arm"))
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    arm: Mapped[str] = mapped_column(String(16))
+    first_seen: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class TrainingRun(db.Model):
+    __tablename__ = "training_runs"
+    __table_args__ = (CheckConstraint(f"status IN {RUN_STATUSES}", name="ck_training_runs_status"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    trigger: Mapped[str] = mapped_column(String(16), default="manual")  # schedule / manual / cli
+    algorithm: Mapped[str] = mapped_column(String(16), default="ppo")
+    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    stage: Mapped[Optional[str]] = mapped_column(String(32))
+    progress: Mapped[float] = mapped_column(Float, default=0.0)  # 0..1 over the whole cycle
+    feedback_counts: Mapped[dict] = mapped_column(JSON, default=dict)
+    metrics: Mapped[dict] = mapped_column(JSON, default=dict)
+    config: Mapped[dict] = mapped_column(JSON, default=dict)
+    log: Mapped[str] = mapped_column(Text, default="")
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    # Liveness of the process doing the work: lets a later run recover a stale lock.
+    pid: Mapped[Optional[int]] = mapped_column(Integer)
+    hostname: Mapped[Optional[str]] = mapped_column(String(255))
+    heartbeat_at: Mapped[Optional[datetime]] = mapped_column(DateTime)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    started_at: Mapped[Optional[datetime]] = mapped_column(DateTime)
+    finished_at: Mapped[Optional[datetime]] = mapped_column(DateTime)
+    version_id: Mapped[Optional[int]] = mapped_column(ForeignKey("model_versions.id"))
+
+
+class AnswerScore(db.Model):
+    """Reward-model score of a served answer, cached per reward model (A/B metric)."""
+
+    __tablename__ = "answer_scores"
+    __table_args__ = (UniqueConstraint("message_id", "reward_model", name="uq_answer_scores_message_model"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    message_id: Mapped[int] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"), index=True)
+    reward_model: Mapped[str] = mapped_column(String(1000))
+    score: Mapped[float] = mapped_column(Float)
+
+
+class AuditEvent(db.Model):
+    """What admins and the scheduler decided, with the numbers behind it."""
+
+    __tablename__ = "audit_events"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(80))  # admin username, "scheduler" or "cli"
+    action: Mapped[str] = mapped_column(String(40))  # promote / rollback / experiment_start / ...
+    subject: Mapped[str] = mapped_column(String(200), default="")
+    detail: Mapped[dict] = mapped_column(JSON, default=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "at": iso(self.created_at), "actor": self.actor, "action": self.action,
+                "subject": self.subject, "detail": self.detail or {}}
+
+
+def active_version() -> ModelVersion | None:
+    return db.session.scalars(db.select(ModelVersion).filter_by(status="active")
+                              .order_by(ModelVersion.id.desc())).first()
+
+
+def history(message: Message) -> list[dict[str, str]]:
+    """The conversation up to and including ``message``, following parent links."""
+    chain: list[Message] = []
+    node: Message | None = message
+    while node is not None:
+        chain.append(node)
+        node = db.session.get(Message, node.parent_id) if node.parent_id else None
+    return [{"role": m.role, "content": m.content} for m in reversed(chain)]

@@ -1,0 +1,103 @@
+"""Response security headers and the rate limits of chat, feedback and login.
+
+Every response carries a Content-Security-Policy without inline scripts or styles (the pages
+load their CSS/JS from /static and put all user text in with ``textContent`` or Jinja's
+autoescaping), ``nosniff``, ``DENY`` framing and a same-origin referrer.
+
+Rate limits (Flask-Limiter, configured in webapp/config.py) count per user (the signed
+session cookie, or the logged-in admin) and per client address, so one user cannot flood the
+model and one address cannot get around that with fresh cookies. A breached limit answers 429
+with a ``Retry-After`` header: JSON ``{"error": ...}`` for the API, a readable page elsewhere.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Callable
+
+from flask import Flask, current_app, make_response, session
+from flask_limiter import RateLimitExceeded
+from flask_limiter.util import get_remote_address
+from flask_login import current_user
+from werkzeug.exceptions import TooManyRequests
+
+from webapp.core.errors import error_response
+from webapp.core.extensions import limiter
+
+CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                           "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'")
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+}
+
+
+def user_key() -> str:
+    """Rate-limit identity of the caller: the admin's id or a hash of the anonymous cookie id.
+    Empty (the per-user limit is skipped; the per-address one still counts) for a caller
+    without a session: such a request owns no conversation or message to act on."""
+    if current_user.is_authenticated:
+        return f"user:{current_user.get_id()}"
+    anon_id = session.get("anon_id")
+    if not anon_id:
+        return ""
+    return "anon:" + hashlib.sha256(str(anon_id).encode()).hexdigest()[:24]
+
+
+def address_key() -> str:
+    return "addr:" + get_remote_address()
+
+
+def _setting(key: str) -> Callable[[], str]:
+    return lambda: current_app.config[key]
+
+
+def per_user_and_address(name: str, user_limit_key: str, address_limit_key: str, what: str) -> Callable:
+    """A decorator applying two shared limits (one budget for every route that uses ``name``):
+    ``user_limit_key`` per user and ``address_limit_key`` per client address."""
+    by_user = limiter.shared_limit(_setting(user_limit_key), scope=f"{name}-user", key_func=user_key,
+                                   error_message=f"Too many {what} from you.")
+    by_address = limiter.shared_limit(_setting(address_limit_key), scope=f"{name}-address", key_func=address_key,
+                                      error_message=f"Too many {what} from your network address.")
+
+    def decorate(view: Callable) -> Callable:
+        return by_user(by_address(view))
+    return decorate
+
+
+# posting messages, regenerate and compare share one budget; so do feedback and compare votes
+chat_limit = per_user_and_address("chat", "RLHF_CHAT_RATE_LIMIT", "RLHF_CHAT_RATE_LIMIT_PER_ADDRESS", "messages")
+feedback_limit = per_user_and_address("feedback", "RLHF_FEEDBACK_RATE_LIMIT", "RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS",
+                                      "feedback requests")
+
+
+def _retry_after_seconds() -> int | None:
+    current = limiter.current_limit
+    if current is None or not current.breached:
+        return None
+    return max(1, int(current.reset_at - time.time()))  # Flask-Limiter's own Retry-After rounding
+
+
+def init_app(app: Flask) -> None:
+    @app.after_request
+    def security_headers(response):
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    @app.errorhandler(429)
+    def too_many_requests(exc: TooManyRequests):
+        message = exc.description or "Too many requests."
+        if isinstance(exc, RateLimitExceeded):
+            message = f"{message} The limit is {exc.limit.limit}."
+        seconds = _retry_after_seconds()
+        if seconds is not None:
+            message += f" Try again in {seconds} second{'s' if seconds != 1 else ''}."
+        body, code = error_response(429, message, "Too Many Requests")
+        response = make_response(body, code)
+        if seconds is not None:  # Flask-Limiter sets it too (after_request); never answer 429 without it
+            response.headers["Retry-After"] = str(seconds)
+        return response

@@ -1,0 +1,253 @@
+"""One training run in this process (``rl-train``): the cycle's settings from the app's settings,
+the run's row kept up to date (stage, progress, heartbeat, log), ``rlhf.cycle`` run on the
+feedback records, and the outcome recorded (a new candidate version, or why not)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from flask import current_app
+
+from rlhf import registry
+from rlhf.algorithms import ALGORITHMS
+from rlhf.curves import CurvesFile, TrainingLogs
+from rlhf.cycle import CycleSettings, NotEnoughData, fit_to_data, overall_progress, run_cycle
+from rlhf.evaluation import GateThresholds
+from rlhf.policy_training import PolicySettings
+from rlhf.preference_data import build_datasets
+from rlhf.progress import ProgressFn
+from rlhf.stage_sizing import DataSize
+
+from webapp.core.extensions import db
+from webapp.core.models import ModelVersion, TrainingRun, active_version, utcnow
+from webapp.training.records import feedback_event_count, feedback_records
+from webapp.training.runs import (RunRefused, curves_path, next_version_name, recover_stale_runs, run_folder,
+                                  training_lock)
+from webapp.training.watchdog import RunWatchdog, run_limits
+
+
+def cycle_settings(algorithm: str = "ppo", max_steps: int | None = None, lora: bool | None = None,
+                   **overrides: Any) -> CycleSettings:
+    """Cycle settings from the app config (RLHF_* keys) plus explicit overrides."""
+    cfg = current_app.config
+    if algorithm not in ALGORITHMS:
+        raise RunRefused(f"invalid setting: --algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})")
+    if max_steps is not None and max_steps < 1:
+        raise RunRefused(f"invalid setting: --max-steps must be at least 1 (got {max_steps})")
+    policy = replace(PolicySettings(), episodes=int(cfg["RLHF_PPO_EPISODES"]),
+                     learning_rate=float(cfg["RLHF_POLICY_LR"]), kl_coef=float(cfg["RLHF_KL_COEF"]),
+                     max_steps=max_steps, lora=bool(cfg["RLHF_LORA"] if lora is None else lora))
+    gate = replace(GateThresholds(), min_reward_gain=float(cfg["RLHF_GATE_MIN_REWARD_GAIN"]),
+                   max_kl=float(cfg["RLHF_GATE_MAX_KL"]))
+    settings = CycleSettings(algorithm=algorithm, policy=policy, gate=gate, device=cfg["RLHF_DEVICE"],
+                             min_pairs=int(cfg["RLHF_MIN_PAIRS"]))
+    settings = replace(settings, **overrides)
+    if cfg["RLHF_TENSORBOARD"] and not tensorboard_available():
+        raise RunRefused("RLHF_TENSORBOARD=1 needs the tensorboard package, which is not installed "
+                         "(pip install -e '.[tensorboard]', or set RLHF_TENSORBOARD=0)")
+    try:
+        return settings.validate()
+    except ValueError as exc:
+        raise RunRefused(f"invalid setting: {exc}") from None
+
+
+def tensorboard_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+class RunTracker:
+    """Receives stage progress: draws it (optional ``bars``) and stores it on the run row,
+    throttled, together with a heartbeat; collects log lines."""
+
+    def __init__(self, run_id: int, bars: ProgressFn | None = None, min_interval: float = 1.0,
+                 watchdog: "RunWatchdog | None" = None) -> None:
+        self.run_id, self.bars, self.min_interval, self.watchdog = run_id, bars, min_interval, watchdog
+        self._last = 0.0
+        self._stage: str | None = None
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if self.bars:
+            self.bars(stage, done, total)
+        if self.watchdog:
+            self.watchdog.beat(stage)
+        now = time.monotonic()
+        if stage != self._stage or done >= total or now - self._last >= self.min_interval:
+            self._stage, self._last = stage, now
+            db.session.execute(db.update(TrainingRun).where(TrainingRun.id == self.run_id).values(
+                stage=stage, progress=round(overall_progress(stage, done, total), 4), heartbeat_at=utcnow()))
+            db.session.commit()
+
+    def log(self, line: str) -> None:
+        run = db.session.get(TrainingRun, self.run_id)
+        run.log = (run.log or "") + f"[{utcnow().strftime('%H:%M:%S')}] {line}\n"
+        db.session.commit()
+
+
+def run_training(trigger: str = "cli", algorithm: str = "ppo", min_feedback: int | None = None,
+                 max_steps: int | None = None, lora: bool | None = None, bars: ProgressFn | None = None,
+                 run_id: int | None = None, watchdog: bool = False, **overrides: Any) -> dict[str, Any]:
+    """One full cycle as a training_runs row. Raises RunRefused (nothing stored) when it cannot
+    start; any failure after that marks the run failed and leaves the active version alone.
+
+    ``run_id``: a row ``spawn_training`` wrote as queued; this run takes it over (a refusal marks
+    it failed with the reason). ``watchdog``: stop this process when the run stalls or overruns
+    its limits (``rl-train`` sets it; see :class:`RunWatchdog`)."""
+    try:
+        return _run_training(trigger, algorithm, min_feedback, max_steps, lora, bars, run_id, watchdog, overrides)
+    except RunRefused as exc:
+        if run_id is not None:
+            db.session.rollback()
+            queued = db.session.get(TrainingRun, run_id)
+            if queued is not None and queued.status == "queued":
+                queued.status, queued.finished_at = "failed", utcnow()
+                queued.error = f"refused to start: {exc}"
+                db.session.commit()
+        raise
+
+
+def _run_training(trigger: str, algorithm: str, min_feedback: int | None, max_steps: int | None,
+                  lora: bool | None, bars: ProgressFn | None, queued_id: int | None, watchdog: bool,
+                  overrides: dict[str, Any]) -> dict[str, Any]:
+    settings = cycle_settings(algorithm, max_steps, lora, **overrides)
+    cfg = current_app.config
+    min_feedback = int(cfg["RLHF_RETRAIN_MIN_FEEDBACK"] if min_feedback is None else min_feedback)
+    if min_feedback < 0:
+        raise RunRefused(f"invalid setting: --min-feedback must be >= 0 (got {min_feedback})")
+
+    with training_lock():
+        recovered = recover_stale_runs(keep=queued_id)
+        for stale in recovered:  # their work directories died with them (only runs write them; we hold the lock)
+            shutil.rmtree(Path(cfg["INSTANCE_DIR"]) / "runs" / f".tmp-run-{stale}", ignore_errors=True)
+        parent = active_version()
+        if parent is None or not registry.is_complete(parent.path):
+            raise RunRefused("no usable active model version; run `flask --app webapp init-model` first")
+        events = feedback_event_count()
+        if events < min_feedback:
+            raise RunRefused(f"not enough feedback yet: {events} feedback events, need at least {min_feedback}")
+        records = feedback_records()
+        try:
+            bundle = build_datasets(records, settings.data)
+            settings, sizing_notes = fit_to_data(settings, bundle)  # NotEnoughData before any run exists
+        except NotEnoughData as exc:
+            raise RunRefused(str(exc)) from None
+        limits = run_limits(settings, DataSize.of(bundle), parent.path)
+
+        run = db.session.get(TrainingRun, queued_id) if queued_id is not None else None
+        if run is None:
+            run = TrainingRun(trigger=trigger, algorithm=algorithm)
+            db.session.add(run)
+        run.status, run.stage, run.progress = "running", "data", 0.0
+        run.pid, run.hostname, run.started_at, run.heartbeat_at = os.getpid(), socket.gethostname(), utcnow(), utcnow()
+        run.feedback_counts = {"events": events, **bundle.counts}
+        run.config = {**settings.to_dict(), "limits": limits}
+        db.session.commit()
+        run_id, parent_id, parent_name, parent_path = run.id, parent.id, parent.name, parent.path
+        guard = RunWatchdog(current_app._get_current_object(), run_id, limits).start() if watchdog else None
+        tracker = RunTracker(run_id, bars, watchdog=guard)
+        if recovered:
+            tracker.log(f"recovered stale runs {recovered}: marked failed")
+        tracker.log(f"parent {parent_name}; {events} feedback events; algorithm {algorithm}")
+        for note in sizing_notes:
+            tracker.log(f"sized to the data: {note}")
+        tracker.log(f"limits: stopped after {limits['stall_seconds']:.0f} s without progress or "
+                    f"{limits['max_seconds']:.0f} s in all")
+
+        instance = Path(cfg["INSTANCE_DIR"])
+        workdir = instance / "runs" / f".tmp-run-{run_id}"
+        shutil.rmtree(workdir, ignore_errors=True)
+        workdir.mkdir(parents=True)
+        created_paths: list[Path] = []  # removed again if the run fails before it is recorded
+        # The run's folder outlives its work directory: the curves are written there as it trains
+        # (and stay, for a failed run too).
+        folder = run_folder(run_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        curves_path(run_id).unlink(missing_ok=True)  # a queued run taken over again starts afresh
+        logs = TrainingLogs(metrics=CurvesFile(curves_path(run_id)),
+                            tensorboard_dir=str(folder / "tensorboard") if cfg["RLHF_TENSORBOARD"] else None)
+        if logs.tensorboard_dir:
+            tracker.log(f"TensorBoard event files: {Path(logs.tensorboard_dir).relative_to(instance)}")
+        try:
+            result = run_cycle(records, parent_path, workdir / "reward", workdir / "policy", settings,
+                               progress=tracker, log=tracker.log, bundle=bundle, logs=logs)
+            reward_path = folder / "reward_model"
+            os.rename(workdir / "reward", reward_path)
+
+            status = "candidate" if result.passed else "failed"
+            metrics = {"reward_model": result.reward, "policy": result.policy, "evaluation": result.evaluation,
+                       "counts": result.counts, "timings": result.timings, "peak_rss_mb": result.peak_rss_mb,
+                       "reward_model_path": str(reward_path)}
+
+            def move_policy(tmp: Path) -> dict:
+                for item in (workdir / "policy").iterdir():
+                    os.rename(item, tmp / item.name)
+                return {"evaluation": {k: result.evaluation[k] for k in
+                                       ("passed", "reasons", "reward_gain", "kl_from_parent")}}
+
+            name, path, _ = registry.write_version(
+                cfg["MODEL_STORE"], algorithm, move_policy, name=next_version_name(algorithm),
+                lineage={"parent": parent_name, "training_run": run_id, "algorithm": algorithm,
+                         "data_counts": result.counts, "config": settings.to_dict(),
+                         "reward_model": str(reward_path)})
+            created_paths.append(path)
+            version = ModelVersion(name=name, path=str(path), parent_id=parent_id, kind=algorithm, status=status,
+                                   training_run_id=run_id, metrics=metrics, config=settings.to_dict())
+            db.session.add(version)
+            db.session.flush()
+            run = db.session.get(TrainingRun, run_id)
+            run.status, run.progress, run.stage = "succeeded", 1.0, "done"
+            run.version_id = version.id
+            decision = "candidate" if result.passed else "rejected_by_gate"
+            run.metrics = {**metrics, "decision": decision, "version": name}
+            run.finished_at = utcnow()
+            db.session.commit()
+            tracker.log(f"registered {name} as {status}" + ("" if result.passed else
+                                                          f": {'; '.join(result.evaluation['reasons'])}"))
+            return summary(run, version)
+        except BaseException as exc:  # includes KeyboardInterrupt: the run is failed, nothing else changes
+            db.session.rollback()
+            for p in created_paths:
+                shutil.rmtree(p, ignore_errors=True)
+            run = db.session.get(TrainingRun, run_id)
+            run.status, run.finished_at = "failed", utcnow()
+            run.error = f"{type(exc).__name__}: {exc}".strip()[:2000]
+            db.session.commit()
+            raise
+        finally:
+            if guard:
+                guard.stop()
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def summary(run: TrainingRun, version: ModelVersion | None) -> dict[str, Any]:
+    """The `rl-train --json` object (README, CLI)."""
+    m = run.metrics or {}
+    ev = m.get("evaluation", {})
+    return {
+        "run_id": run.id, "status": run.status, "algorithm": run.algorithm, "trigger": run.trigger,
+        "data_counts": run.feedback_counts,
+        "reward_model": {k: m.get("reward_model", {}).get(k) for k in
+                         ("heldout_accuracy", "train_accuracy", "train_pairs", "eval_pairs", "steps", "train_loss")}
+        | {"path": m.get("reward_model_path")},
+        "policy": m.get("policy"),
+        "evaluation": {"before": ev.get("parent"), "after": ev.get("candidate"), "reward_gain": ev.get("reward_gain"),
+                       "kl_from_parent": ev.get("kl_from_parent"), "passed": ev.get("passed"),
+                       "reasons": ev.get("reasons"), "prompts": ev.get("prompts")},
+        "version": ({"id": version.id, "name": version.name, "status": version.status, "path": version.path,
+                     "parent": version.parent.name if version.parent else None} if version else None),
+        "decision": m.get("decision"),
+        "timings_s": m.get("timings"),
+        "peak_rss_mb": m.get("peak_rss_mb"),
+        "error": run.error,
+    }
+
+
+def dumps(data: Any) -> str:
+    return json.dumps(data, indent=2, default=str)

@@ -1,0 +1,126 @@
+"""Training runs as records: the one-run-at-a-time lock, runs of dead processes, version names,
+each run's folder, and runs started as child processes.
+
+Only one run at a time per instance: the run holds an exclusive ``flock`` on
+``<instance>/training.lock`` for its whole life (webapp.core.locks). The kernel drops the lock
+when the process dies, so a run left "running" by a killed process is recognised (and marked
+failed) by the next run that gets the lock -- no lock file ever has to be cleaned up by hand.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from flask import current_app
+
+from webapp.core import locks
+from webapp.core.extensions import db
+from webapp.core.models import ModelVersion, TrainingRun, utcnow
+from webapp.core.settings import ROOT
+
+# Exit codes of `rl-train` (documented in the README).
+EXIT_OK, EXIT_REFUSED, EXIT_GATE_REJECTED, EXIT_FAILED = 0, 2, 3, 1
+
+
+class RunRefused(Exception):
+    """The run cannot start; the message is the one-line reason."""
+
+
+# ---------------------------------------------------------------------------- the lock
+
+@contextmanager
+def training_lock() -> Iterator[None]:
+    try:
+        lock = locks.acquire(locks.lock_path("training"), wait=False)
+    except locks.LockBusy:
+        running = db.session.scalars(db.select(TrainingRun).filter_by(status="running")
+                                     .order_by(TrainingRun.id.desc())).first()
+        detail = f" (run #{running.id}, pid {running.pid}, stage {running.stage})" if running else ""
+        raise RunRefused(f"another training run is in progress{detail}") from None
+    with lock:
+        yield
+
+
+def recover_stale_runs(keep: int | None = None) -> list[int]:
+    """Runs still marked running/queued while we hold the lock belong to dead processes (except
+    ``keep``: the queued run the caller is about to take over)."""
+    stale = [r for r in db.session.scalars(db.select(TrainingRun).where(TrainingRun.status.in_(("running", "queued"))))
+             if r.id != keep]
+    for run in stale:
+        run.status = "failed"
+        run.error = (f"process {run.pid} on {run.hostname} died during stage {run.stage or 'start'} "
+                     "(recovered by a later run)")
+        run.finished_at = utcnow()
+    db.session.commit()
+    return [r.id for r in stale]
+
+
+def next_version_name(kind: str) -> str:
+    """``v<N>-<kind>``, N above every version in the database and in the store."""
+    import re
+
+    names = list(db.session.scalars(db.select(ModelVersion.name)))
+    store = Path(current_app.config["MODEL_STORE"])
+    names += [p.name for p in store.iterdir()] if store.is_dir() else []
+    numbers = [int(m.group(1)) for n in names if (m := re.match(r"^v(\d+)-", n))]
+    return f"v{max(numbers, default=0) + 1}-{kind}"
+
+
+def run_folder(run_id: int) -> Path:
+    """A run's own folder in the instance: its training curves, TensorBoard files and reward model."""
+    return Path(current_app.config["INSTANCE_DIR"]) / "runs" / f"run-{run_id}"
+
+
+def curves_path(run_id: int) -> Path:
+    """The run's training curves (JSON lines, rlhf.curves), written while it trains."""
+    return run_folder(run_id) / "curves.jsonl"
+
+
+# ---------------------------------------------------------------------------- runs started by the web app
+
+def _reap(proc: subprocess.Popen) -> None:
+    threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+
+
+def spawn_training(algorithm: str = "ppo", max_steps: int | None = None, trigger: str = "manual",
+                   min_feedback: int | None = None) -> tuple[int, subprocess.Popen]:
+    """Start ``rl-train`` in a child process (its own process group, so the watchdog can stop
+    all of it) for a run row written first as ``queued``: the dashboard shows the run at once.
+    A thread waits for the child, so a finished run never lingers as a zombie. Returns the run
+    id and the process."""
+    instance = Path(current_app.config["INSTANCE_DIR"])
+    run = TrainingRun(trigger=trigger, algorithm=algorithm, status="queued", stage="queued", progress=0.0,
+                      hostname=socket.gethostname())
+    db.session.add(run)
+    db.session.commit()
+    log_dir = instance / "logs"
+    log_dir.mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "flask", "--app", "webapp", "rl-train", "--algorithm", algorithm,
+           "--trigger", trigger, "--run-id", str(run.id), "--json"]
+    if max_steps:
+        cmd += ["--max-steps", str(max_steps)]
+    if min_feedback is not None:
+        cmd += ["--min-feedback", str(min_feedback)]
+    env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance)}
+    if current_app.config.get("SQLALCHEMY_DATABASE_URI"):
+        env["DATABASE_URL"] = current_app.config["SQLALCHEMY_DATABASE_URI"]
+    try:
+        with open(log_dir / "training.log", "ab") as log:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log,
+                                    start_new_session=True)
+    except OSError as exc:
+        run.status, run.finished_at, run.error = "failed", utcnow(), f"could not start rl-train: {exc}"
+        db.session.commit()
+        raise
+    run.pid = proc.pid
+    db.session.commit()
+    _reap(proc)
+    return run.id, proc
+
+

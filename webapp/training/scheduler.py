@@ -1,0 +1,352 @@
+"""Continuous learning: APScheduler jobs that close the loop without a human in it.
+
+* retrain            -- every RLHF_RETRAIN_INTERVAL_SECONDS: when at least
+                        RLHF_RETRAIN_MIN_FEEDBACK new feedback events arrived since the last
+                        successful run, start ``rl-train`` in a child process (the web server
+                        keeps answering; the run's flock keeps it to one run at a time, across
+                        processes);
+* experiment_monitor -- every RLHF_MONITOR_INTERVAL_SECONDS: start an experiment for a new
+                        candidate; conclude a running one by the promotion policy;
+* housekeeping       -- every RLHF_HOUSEKEEPING_INTERVAL_SECONDS: mark runs of dead processes
+                        failed, delete temporary model directories, prune old retired versions;
+* watchdog           -- every RLHF_WATCHDOG_INTERVAL_SECONDS: stop runs that stopped making
+                        progress or ran past their time limit (webapp.training.watchdog.enforce_run_limits).
+
+Jobs live in the database (APScheduler's SQLAlchemyJobStore, table ``apscheduler_jobs``), so
+the schedule survives restarts. ``serve`` runs the scheduler in its process by default
+(RLHF_SCHEDULER=1, one worker); with several workers it runs as its own process (``flask --app
+webapp scheduler``). Only one scheduler runs per instance: it holds an exclusive ``flock`` on
+``<instance>/scheduler.lock`` while it lives, and writes what it did last to
+``<instance>/scheduler.json`` (the overview reads both).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, current_app
+
+from rlhf import registry
+from rlhf.adapters import base_of, is_adapter
+
+from webapp.core import locks
+from webapp.core.audit import audit
+from webapp.core.extensions import db
+from webapp.core.models import Experiment, ModelVersion, TrainingRun, active_version, utcnow
+from webapp.experiments.assignment import running_experiment
+from webapp.experiments.lifecycle import conclude_experiment, create_experiment
+from webapp.experiments.metrics import experiment_metrics
+from webapp.experiments.promotion import PromotionPolicy, decide
+from webapp.training.records import feedback_events
+from webapp.training.runs import recover_stale_runs, spawn_training, training_lock
+from webapp.training.watchdog import enforce_run_limits
+
+log = logging.getLogger("webapp.training.scheduler")
+
+JOB_IDS = ("retrain", "experiment_monitor", "housekeeping", "watchdog")
+_APP: Flask | None = None  # the app the persisted jobs run against (set by start)
+_CHILDREN: list[subprocess.Popen] = []
+_LOCK_FILE = None  # the open scheduler.lock while this process runs the scheduler
+_STATE_LOCK = threading.Lock()
+
+
+class SchedulerAlreadyRunning(RuntimeError):
+    """Another process of this instance runs the scheduler; the message says which."""
+
+
+# ---------------------------------------------------------------------------- job bodies
+
+def training_in_progress() -> bool:
+    """True while some process holds the training lock (see webapp.training.runs)."""
+    return locks.is_held(locks.lock_path("training"))
+
+
+def new_feedback_events() -> int:
+    """Feedback events (webapp.training.records.feedback_events) since the last successful run started."""
+
+    last = db.session.scalars(db.select(TrainingRun).filter_by(status="succeeded")
+                              .order_by(TrainingRun.id.desc())).first()
+    return feedback_events(last.started_at if last and last.started_at else None)["total"]
+
+
+def retrain_tick() -> dict[str, Any]:
+    global _CHILDREN
+
+    _CHILDREN = [p for p in _CHILDREN if p.poll() is None]
+    busy = db.session.scalars(db.select(TrainingRun).where(TrainingRun.status.in_(("queued", "running")))).first()
+    if _CHILDREN or training_in_progress():  # a child may not hold the lock yet right after its start
+        detail = f" (run #{busy.id}, {busy.status})" if busy else ""
+        return {"action": "skip", "reason": f"a training run is in progress{detail}"}
+    events = new_feedback_events()
+    needed = int(current_app.config["RLHF_RETRAIN_MIN_FEEDBACK"])
+    if events < needed:
+        return {"action": "skip", "reason": f"{events} of {needed} new feedback events since the last run",
+                "new_events": events, "needed": needed}
+    run_id, proc = spawn_training(current_app.config["RLHF_RETRAIN_ALGORITHM"], trigger="schedule", min_feedback=0)
+    _CHILDREN.append(proc)
+    log.info("retrain: %s new feedback events, started rl-train run #%s (pid %s)", events, run_id, proc.pid)
+    return {"action": "train", "run_id": run_id, "pid": proc.pid, "new_events": events,
+            "reason": f"{events} new feedback events (needs {needed}): started run #{run_id}"}
+
+
+def watchdog_tick() -> dict[str, Any]:
+
+    stopped = enforce_run_limits()
+    for item in stopped:
+        audit("run_stopped_by_watchdog", str(item["run_id"]), reason=item["reason"], actor="scheduler")
+    if stopped:
+        db.session.commit()
+    return {"action": "stopped" if stopped else "idle", "stopped": stopped}
+
+
+def _new_candidate() -> ModelVersion | None:
+    """The newest candidate that was never in an experiment and can serve."""
+    tried = {e.variant_version_id for e in db.session.scalars(db.select(Experiment))}
+    for version in db.session.scalars(db.select(ModelVersion).filter_by(status="candidate")
+                                      .order_by(ModelVersion.id.desc())):
+        if version.id not in tried and registry.is_complete(version.path):
+            return version
+    return None
+
+
+def monitor_tick() -> dict[str, Any]:
+
+    cfg = current_app.config
+    exp = running_experiment()
+    if exp is None:
+        candidate, active = _new_candidate(), active_version()
+        if candidate is None or active is None:
+            return {"action": "idle"}
+        key = f"auto-{candidate.name}-{utcnow().strftime('%Y%m%d%H%M%S')}"
+        create_experiment(key, active.id, candidate.id, float(cfg["RLHF_EXPERIMENT_SPLIT"]), actor="scheduler")
+        log.info("monitor: started experiment %s (%s vs %s)", key, active.name, candidate.name)
+        return {"action": "start", "experiment": key}
+    settings = PromotionPolicy(cfg["RLHF_PRIMARY_METRIC"], float(cfg["RLHF_PROMOTE_ALPHA"]),
+                              float(cfg["RLHF_EXPERIMENT_MAX_HOURS"]))
+    hours = (utcnow() - (exp.started_at or exp.created_at)).total_seconds() / 3600
+    decision = decide(experiment_metrics(exp), settings, hours)
+    if decision.action == "wait":
+        return {"action": "wait", "experiment": exp.key, **decision.to_dict()}
+    conclude_experiment(exp.key, "promote" if decision.action == "promote" else "keep_control",
+                        {"policy": decision.to_dict()}, actor="scheduler")
+    log.info("monitor: %s %s: %s", decision.action, exp.key, decision.reason)
+    return {"action": decision.action, "experiment": exp.key, **decision.to_dict()}
+
+
+def housekeeping_tick() -> dict[str, Any]:
+
+    recovered: list[int] = []
+    removed_tmp = 0
+    if not training_in_progress():
+        try:
+            with training_lock():  # holding it proves no run is alive
+                recovered = recover_stale_runs()
+                removed_tmp = registry.remove_stale_temporaries(current_app.config["MODEL_STORE"])
+                runs_dir = Path(current_app.config["INSTANCE_DIR"]) / "runs"
+                for tmp in runs_dir.glob(".tmp-run-*") if runs_dir.is_dir() else []:
+                    shutil.rmtree(tmp, ignore_errors=True)
+        except Exception as exc:  # another process took the lock in between: try next time
+            log.info("housekeeping: skipped recovery (%s)", exc)
+    pruned = prune_retired_versions(int(current_app.config["RLHF_RETAIN_RETIRED_VERSIONS"]))
+    if recovered or pruned:
+        audit("housekeeping", "", recovered_runs=recovered, pruned_versions=pruned, actor="scheduler")
+        db.session.commit()
+    return {"action": "housekeeping", "recovered_runs": recovered, "pruned": pruned, "removed_tmp": removed_tmp}
+
+
+def prune_retired_versions(keep: int) -> list[str]:
+    """Delete the files of retired versions beyond the ``keep`` most recent. The active
+    version's parent (the roll-back target), versions in a running experiment and the base of
+    any LoRA adapter version that keeps its files are kept; database rows stay (answers
+    reference them), marked pruned."""
+    active = active_version()
+    exp = running_experiment()
+    protected = {active.parent_id} if active and active.parent_id else set()
+    if exp:
+        protected |= {exp.control_version_id, exp.variant_version_id}
+    retired = [v for v in db.session.scalars(db.select(ModelVersion).filter_by(status="retired")
+                                             .order_by(ModelVersion.id.desc()))
+               if v.id not in protected and Path(v.path).exists()]
+    doomed = {v.path for v in retired[keep:]}
+    # a LoRA adapter version runs on its base version's weights: a base stays while any version
+    # built on it keeps its files (rlhf.adapters)
+    needed = set()
+    for v in db.session.scalars(db.select(ModelVersion)):
+        if v.path not in doomed and is_adapter(v.path):
+            try:
+                needed.add(str(base_of(v.path).resolve()))
+            except (OSError, ValueError, KeyError):  # an unreadable adapter cannot protect anything
+                pass
+    pruned = []
+    for version in retired[keep:]:
+        if str(Path(version.path).resolve()) in needed:
+            continue
+        if Path(version.path).resolve().parent == Path(current_app.config["MODEL_STORE"]).resolve():
+            shutil.rmtree(version.path, ignore_errors=True)
+            version.metrics = {**(version.metrics or {}), "pruned_at": utcnow().isoformat()}
+            pruned.append(version.name)
+    db.session.commit()
+    return pruned
+
+
+TICKS = {"retrain": retrain_tick, "experiment_monitor": monitor_tick, "housekeeping": housekeeping_tick,
+         "watchdog": watchdog_tick}
+
+
+def run_job(name: str) -> None:
+    """Entry point of every persisted job (referenced by name, so it survives restarts)."""
+    if _APP is None:
+        log.warning("scheduler job %s fired before the app was set", name)
+        return
+    with _APP.app_context():
+        try:
+            result = TICKS[name]()
+            if result.get("action") not in ("skip", "idle", "wait"):
+                log.info("%s: %s", name, result)
+        except Exception as exc:
+            db.session.rollback()
+            log.exception("scheduler job %s failed", name)
+            result = {"action": "error", "reason": f"{type(exc).__name__}: {exc}"[:300]}
+        finally:
+            db.session.remove()
+        _record(name, result)
+
+
+# ---------------------------------------------------------------------------- the scheduler
+
+def build_scheduler(app: Flask, blocking: bool = False):
+    from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+    from apscheduler.schedulers.background import BackgroundScheduler
+    from apscheduler.schedulers.blocking import BlockingScheduler
+
+    global _APP
+    _APP = app
+    with app.app_context():
+        engine = db.engine
+    cls = BlockingScheduler if blocking else BackgroundScheduler
+    scheduler = cls(jobstores={"default": SQLAlchemyJobStore(engine=engine)}, timezone=timezone.utc,
+                    job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 600})
+    cfg = app.config
+    intervals = {"retrain": cfg["RLHF_RETRAIN_INTERVAL_SECONDS"], "experiment_monitor": cfg["RLHF_MONITOR_INTERVAL_SECONDS"],
+                 "housekeeping": cfg["RLHF_HOUSEKEEPING_INTERVAL_SECONDS"],
+                 "watchdog": cfg["RLHF_WATCHDOG_INTERVAL_SECONDS"]}
+    # every job looks once soon after a (re)start, then at its interval: the overview can say at
+    # once why the loop is or is not training, rather than "none yet" for an hour
+    soon = datetime.now(timezone.utc) + timedelta(seconds=30)
+    for job_id in JOB_IDS:
+        seconds = float(intervals[job_id])
+        scheduler.add_job("webapp.training.scheduler:run_job", "interval", seconds=seconds, args=[job_id],
+                          id=job_id, name=job_id.replace("_", " "), replace_existing=True,
+                          next_run_time=min(soon, datetime.now(timezone.utc) + timedelta(seconds=seconds)))
+    return scheduler
+
+
+def start_background(app: Flask):
+    """Start the scheduler in this (web) process. Raises SchedulerAlreadyRunning when another
+    process of the instance runs it."""
+    claim_scheduler(app, "web process")
+    scheduler = build_scheduler(app)
+    scheduler.start()
+    app.extensions["rlhf_scheduler"] = scheduler
+    log.info("scheduler started in the web process")
+    return scheduler
+
+
+# ---------------------------------------------------------------------------- one per instance, and its state
+
+def _instance(app: Flask | None = None) -> Path:
+    return Path((app or current_app).config["INSTANCE_DIR"])
+
+
+def _read_state(folder: Path) -> dict[str, Any]:
+    try:
+        return json.loads((folder / "scheduler.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_state(folder: Path, state: dict[str, Any]) -> None:
+    tmp = folder / f".scheduler.json.{os.getpid()}"
+    tmp.write_text(json.dumps(state, default=str))
+    os.replace(tmp, folder / "scheduler.json")
+
+
+def claim_scheduler(app: Flask, where: str) -> None:
+    """Take the instance's scheduler lock for this process's life, or raise
+    SchedulerAlreadyRunning naming the process that has it."""
+    global _LOCK_FILE
+    if _LOCK_FILE is not None:
+        return
+    folder = _instance(app)
+    try:
+        f = locks.acquire(folder / "scheduler.lock", wait=False)
+    except locks.LockBusy:
+        other = _read_state(folder)
+        raise SchedulerAlreadyRunning(
+            f"the scheduler already runs for this instance ({other.get('where', 'another process')}, "
+            f"pid {other.get('pid', '?')} on {other.get('hostname', '?')}); run it once per instance") from None
+    _LOCK_FILE = f
+    _write_state(folder, {"pid": os.getpid(), "hostname": socket.gethostname(), "where": where,
+                          "started_at": utcnow().isoformat(), "last": {}})
+
+
+def release_scheduler() -> None:
+    global _LOCK_FILE
+    if _LOCK_FILE is not None:
+        _LOCK_FILE.close()  # closing the file drops the flock
+        _LOCK_FILE = None
+
+
+def _record(job: str, result: dict[str, Any]) -> None:
+    """Remember each job's last outcome (the overview says why the last retrain did or did not start)."""
+    if _APP is None:
+        return
+    folder = _instance(_APP)
+    with _STATE_LOCK:
+        state = _read_state(folder)
+        state.setdefault("last", {})[job] = {"at": utcnow().isoformat(), "action": result.get("action"),
+                                             "reason": result.get("reason")}
+        _write_state(folder, state)
+
+
+def scheduler_running() -> bool:
+    """True while some process holds this instance's scheduler lock."""
+    return _LOCK_FILE is not None or locks.is_held(_instance() / "scheduler.lock")
+
+
+def scheduler_status() -> dict[str, Any]:
+    """For the overview: whether the scheduler runs and where, each job's next run, and the
+    last retrain decision (``{"at", "action", "reason"}``)."""
+    running = scheduler_running()
+    state = _read_state(_instance())
+    last = (state.get("last") or {}).get("retrain")
+    if last and last.get("at"):
+        last = {**last, "at": datetime.fromisoformat(last["at"])}
+    where = f"{state.get('where', 'another process')} (pid {state.get('pid', '?')})" if running else None
+    return {"running": running, "enabled": bool(current_app.config["RLHF_SCHEDULER"]), "where": where,
+            "jobs": [{"id": j["id"], "name": j["name"], "next_run": j["next_run_at"]} for j in scheduled_jobs()]
+            if running else [],
+            "last_retrain": last}
+
+
+def scheduled_jobs() -> list[dict[str, Any]]:
+    """Next run of each job, read from the job store (works whichever process runs them)."""
+    from sqlalchemy import inspect, text
+
+    if "apscheduler_jobs" not in inspect(db.engine).get_table_names():
+        return []
+    rows = db.session.execute(text("SELECT id, next_run_time FROM apscheduler_jobs ORDER BY next_run_time")).all()
+    out = []
+    for job_id, ts in rows:
+        at = datetime.fromtimestamp(ts, timezone.utc).replace(tzinfo=None) if ts else None  # naive UTC, like the models
+        out.append({"id": job_id, "name": job_id.replace("_", " "), "next_run_at": at,
+                    "next_run": at.strftime("%Y-%m-%d %H:%M:%S UTC") if at else None})
+    return out
