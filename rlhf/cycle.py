@@ -9,49 +9,27 @@ from __future__ import annotations
 import resource
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from .adapters import is_adapter
 from .curves import TrainingLogs
-from .evaluation import EvalSettings, GateThresholds, evaluate_candidate
+from .evaluation import evaluate_candidate
 from .loading import load_causal_lm
-from .algorithms import ALGORITHMS
-from .policy_training import PolicySettings, train_dpo, train_kto, train_ppo, train_rloo
-from .preference_data import DataSettings, DatasetBundle, build_datasets
+from .policy_training import train_dpo, train_kto, train_ppo, train_rloo
+from .preference_data import DatasetBundle, build_datasets
 from .records import ConversationRecord
-from .reward_model import RewardSettings, train_reward_model
+from .reward_model import train_reward_model
 from .stage_sizing import DataSize, NotEnoughData, policy_prompts, size_stages  # noqa: F401 (NotEnoughData re-exported)
 from .progress import ProgressFn
+from .settings import CycleSettings
 
 LogFn = Callable[[str], None]
 
 STAGES = ("data", "reward", "policy", "evaluate")
 # Share of the whole cycle each stage takes (for one overall progress number).
 STAGE_WEIGHTS = {"data": 0.05, "reward": 0.25, "policy": 0.5, "evaluate": 0.2}
-
-
-@dataclass(frozen=True)
-class CycleSettings:
-    algorithm: str = "ppo"
-    min_pairs: int = 8
-    min_prompts: int = 4
-    data: DataSettings = field(default_factory=DataSettings)
-    reward: RewardSettings = field(default_factory=RewardSettings)
-    policy: PolicySettings = field(default_factory=PolicySettings)
-    gate: GateThresholds = field(default_factory=GateThresholds)
-    evaluation: EvalSettings = field(default_factory=EvalSettings)
-    device: str = "auto"
-
-    def validate(self) -> "CycleSettings":
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {self.algorithm!r} (choose from {', '.join(ALGORITHMS)})")
-        self.policy.validate()
-        return self
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

@@ -8,7 +8,7 @@ scores them. The candidate passes when its mean reward is higher by at least
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -17,25 +17,7 @@ import torch
 from .loading import load_causal_lm, resolve_device
 from .reward_model import context_length, load_reward_model, score_texts
 from .progress import ProgressFn
-
-
-
-@dataclass(frozen=True)
-class GateThresholds:
-    min_reward_gain: float = 0.0  # candidate mean reward - parent mean reward must exceed this
-    max_kl: float = 25.0  # nats per answer, candidate vs parent, on the candidate's own samples
-    max_empty_rate: float = 0.1
-    max_repetition: float = 0.5  # share of repeated word trigrams
-    min_distinct2_ratio: float = 0.5  # candidate distinct-2 / parent distinct-2
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    samples_per_prompt: int = 2
-    max_prompts: int = 64
-    max_new_tokens: int = 64
-    temperature: float = 0.8
-    seed: int = 1234
+from .settings import EvalSettings, GateThresholds
 
 
 def repetition(text: str) -> float:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,47 +17,12 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from .algorithms import ALGORITHMS  # noqa: F401 (re-exported)
 from .loading import resolve_device
 from .preference_data import to_standard
 from .reward_model import context_length, score_texts
 from .trl_utils import ProgressCallback, attach_logs, drop_printer, quiet_trl, report_to, training_precision
 from .progress import ProgressFn
-
-
-
-@dataclass(frozen=True)
-class PolicySettings:
-    learning_rate: float = 3e-5
-    batch_size: int = 16
-    mini_batches: int = 2
-    ppo_epochs: int = 4
-    episodes: int = 512  # PPO/RLOO rollouts (prompts sampled, with repetition)
-    max_steps: int | None = None  # cap on optimisation steps (PPO batches / trainer steps)
-    response_length: int = 64
-    temperature: float = 0.8
-    kl_coef: float = 0.05
-    missing_eos_penalty: float = 1.0
-    beta: float = 0.1  # DPO/KTO
-    epochs: float = 2.0  # DPO/KTO passes over the data
-    rloo_generations: int = 4
-    lora: bool = False
-    lora_r: int = 16
-    lora_merge: bool = False  # with lora: save the merged model instead of the adapter
-    seed: int = 0
-
-    def validate(self) -> "PolicySettings":
-        checks = [(self.learning_rate > 0, "learning_rate must be > 0"), (self.batch_size >= 1, "batch_size must be >= 1"),
-                  (self.batch_size % self.mini_batches == 0, "batch_size must be a multiple of mini_batches"),
-                  (self.episodes >= self.batch_size, "episodes must be >= batch_size"),
-                  (self.max_steps is None or self.max_steps >= 1, "max_steps must be >= 1"),
-                  (self.response_length >= 1, "response_length must be >= 1"), (self.kl_coef >= 0, "kl_coef must be >= 0")]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-        return self
-
-
+from .settings import PolicySettings
 
 
 def _callbacks(trainer: Any, progress: ProgressFn | None, stage: str, logs: Any = None, name: str = "") -> None:

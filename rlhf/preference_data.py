@@ -30,18 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from .records import ConversationRecord, MessageRecord
+from .settings import DataSettings
 
 Messages = list[dict[str, str]]
-
-
-@dataclass(frozen=True)
-class DataSettings:
-    eval_fraction: float = 0.2
-    max_chars: int = 2000  # per prompt/completion; longer items are dropped
-    min_score_gap_siblings: float = 0.5
-    min_score_gap_same_prompt: float = 1.0
-    max_same_prompt_pairs_per_answer: int = 3
-    seed: str = "rlhf"
 
 
 @dataclass

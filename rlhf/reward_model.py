@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +18,7 @@ from .loading import resolve_device
 from .preference_data import to_standard
 from .trl_utils import ProgressCallback, attach_logs, drop_printer, quiet_trl, report_to, training_precision
 from .progress import ProgressFn
-
-
-
-@dataclass(frozen=True)
-class RewardSettings:
-    epochs: float = 3.0
-    batch_size: int = 16
-    learning_rate: float = 5e-4
-    max_length: int = 256
-    center_rewards_coefficient: float = 0.01
-    seed: int = 0
-    max_steps: int = -1  # -1: epochs decide
-    min_steps: int = 40  # small datasets get more epochs, up to this many optimisation steps
-
-
+from .settings import RewardSettings
 
 
 def load_reward_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Any, Any]:

@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .policy_training import PolicySettings
-from .reward_model import RewardSettings
+from .settings import PolicySettings, RewardSettings
 
 
 class NotEnoughData(ValueError):

@@ -15,13 +15,14 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from webapp.core.settings import ALL_SETTINGS  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 # Built models are cached between test sessions (keyed by their spec) to keep local runs fast.
 MODEL_CACHE = Path(os.environ.get("RLHF_TEST_MODEL_CACHE", ROOT / ".cache" / "test-models"))
 
 # Settings from the developer's shell must not leak into tests.
-_ENV_KEYS = ("RLHF_INSTANCE_DIR", "DATABASE_URL", "RLHF_SECRET_KEY", "RLHF_BASE_MODEL", "RLHF_DEVICE",
-             "RLHF_EMBEDDED_PRESET", "RLHF_AUTO_INIT_MODEL", "RLHF_SCHEDULER")
+_ENV_KEYS = ("RLHF_INSTANCE_DIR",) + tuple(env for spec in ALL_SETTINGS for env in spec.envs)
 
 
 @pytest.fixture(autouse=True)

@@ -132,7 +132,7 @@ ADMIN_WRITES = [("post", "/api/admin/experiments", {"key": "x", "control_version
                 ("post", "/api/admin/versions/2/promote", None), ("post", "/api/admin/versions/1/rollback", None),
                 ("post", "/api/admin/runs", {})]
 ADMIN_PAGES = ["/admin/", "/admin/experiments", "/admin/experiments/x", "/admin/experiment", "/admin/runs",
-               "/admin/runs/1", "/admin/versions", "/admin/feedback"]
+               "/admin/runs/1", "/admin/versions", "/admin/settings", "/admin/feedback"]
 
 
 def test_every_admin_route_needs_an_admin(setup):
@@ -167,7 +167,7 @@ def test_admin_pages_render(setup):
     admin = Admin(app)
     assert admin.post("/api/admin/experiments", {"key": "x", "control_version_id": 1,
                                                  "variant_version_id": 2}).status_code == 201
-    for url in ADMIN_PAGES[:-3] + ["/admin/versions", "/admin/feedback?thumb=up&q=rice"]:
+    for url in ADMIN_PAGES[:-4] + ["/admin/versions", "/admin/settings", "/admin/feedback?thumb=up&q=rice"]:
         if url == "/admin/runs/1":
             continue
         resp = admin.get(url)
@@ -632,3 +632,48 @@ def test_starting_a_run_shows_it_queued_at_once(setup, monkeypatch):
         run = db.session.get(TrainingRun, run_id)
         assert (run.status, run.algorithm, run.trigger, run.pid) == ("queued", "dpo", "manual", 4321)
     assert f'href="/admin/runs/{run_id}"' in admin.get("/admin/runs").get_data(as_text=True)
+
+
+def test_settings_page_shows_effective_values_and_sources_read_only(tmp_path, micro_model_dir, monkeypatch):
+    inst = tmp_path / "instance"
+    inst.mkdir()
+    (inst / "config.toml").write_text("[training.policy]\nlora_r = 8\n")
+    monkeypatch.setenv("RLHF_TEMPERATURE", "0.6")
+    app = make_app(inst, RLHF_BASE_MODEL="<img src=x onerror=alert(1)>")
+    with app.app_context():
+        set_admin_password("root", PASSWORD)
+    assert app.test_client().get("/admin/settings").status_code == 302  # admins only
+    admin = Admin(app)
+    html = admin.get("/admin/settings").get_data(as_text=True)
+
+    def row(name):
+        return re.search(rf'<tr data-setting="{re.escape(name)}"[^>]*>(.*?)</tr>', html, re.S).group(1)
+
+    assert "<code class=\"value\">8</code>" in row("training.policy.lora_r") and "config.toml" in row("training.policy.lora_r")
+    assert "RLHF_TRAINING_POLICY_LORA_R" in row("training.policy.lora_r")
+    assert "0.6" in row("temperature") and "environment" in row("temperature") and "default 0.8" in row("temperature")
+    assert "create_app(config)" in row("base_model") and "&lt;img src=x onerror=alert(1)&gt;" in row("base_model")
+    assert "<img src=x" not in html  # escaped, like all text
+    assert "********" in row("secret_key") and (inst / "secret_key").read_text() not in html
+    assert str(inst) not in html  # sources inside the instance are shown relative to it
+    assert 'data-setting="training.gate.max_kl"' in html and 'method="post"' not in html.split("<main")[1]
+
+
+def test_run_page_shows_the_settings_the_run_trained_with(setup):
+    from dataclasses import replace
+
+    from rlhf.settings import CycleSettings, PolicySettings
+
+    app, _ = setup
+    config = replace(CycleSettings(algorithm="dpo"), policy=PolicySettings(lora=True, lora_r=4)).to_dict()
+    with app.app_context():
+        run = TrainingRun(trigger="cli", algorithm="dpo", status="succeeded", config={**config, "limits": {"stall_seconds": 9}})
+        db.session.add(run)
+        db.session.commit()
+        run_id = run.id
+    html = Admin(app).get(f"/admin/runs/{run_id}").get_data(as_text=True)
+    assert 'data-testid="run-settings"' in html
+    assert re.search(r'<tr data-setting="training.policy.lora_r" class="changed">.*?<code>4</code>', html)
+    assert re.search(r'<tr data-setting="training.algorithm" class="changed">.*?<code>dpo</code>', html)
+    assert re.search(r'<tr data-setting="training.policy.beta">.*?<code>0.1</code>', html)  # a default, recorded too
+    assert "stall_seconds" not in html.split('data-testid="run-settings"')[1].split("</details>")[0]

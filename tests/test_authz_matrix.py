@@ -262,6 +262,7 @@ MATRIX: dict[tuple[str, str], Row] = {
     ("GET", "/admin/runs"): Row(ADMIN_PAGE),
     ("GET", "/admin/runs/<int:run_id>"): Row(ADMIN_PAGE, setup=training_run),
     ("GET", "/admin/versions"): Row(ADMIN_PAGE),
+    ("GET", "/admin/settings"): Row(ADMIN_PAGE),
     ("GET", "/admin/feedback"): Row(ADMIN_PAGE, query="thumb=up"),
 }
 

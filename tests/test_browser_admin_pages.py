@@ -193,7 +193,7 @@ PAGES = [("overview", "/admin/"), ("experiments", "/admin/experiments"),
          ("current-experiment", "/admin/experiment"), ("runs", "/admin/runs"), ("run", "/admin/runs/2"),
          ("run-rejected", "/admin/runs/3"), ("run-failed", "/admin/runs/4"), ("versions", "/admin/versions"),
          ("feedback", "/admin/feedback"), ("feedback-filtered", "/admin/feedback?has_correction=1&thumb=down"),
-         ("feedback-empty", "/admin/feedback?q=nothing-matches-this")]
+         ("feedback-empty", "/admin/feedback?q=nothing-matches-this"), ("settings", "/admin/settings")]
 
 
 def logged_in_page(browser, url: str, viewport: dict, **context_args):

@@ -12,7 +12,7 @@ from tests.conftest import runs_and_versions as state
 from tests.conftest import make_app, register_model
 from tests.feedback_factory import seed_feedback
 from webapp.core.extensions import db
-from webapp.core.models import Conversation, TrainingRun
+from webapp.core.models import Conversation, ModelVersion, TrainingRun
 
 pytestmark = pytest.mark.slow
 
@@ -91,12 +91,26 @@ def test_full_cycle_registers_a_version_and_recovers_a_dead_run(instance):
     assert versions == [("v1-base", "active"), ("v2-ppo", version["status"])]  # active unchanged
 
 
-def test_alternative_algorithm_through_the_cli(instance):
+def test_alternative_algorithm_and_hyperparameters_from_the_settings_file(instance):
+    """The algorithm and any training hyperparameter come from instance/config.toml; the run and
+    the new version record the settings they were trained with."""
     seed_feedback(make_app(instance), 40)
-    result = cli("rl-train", "--min-feedback", "10", "--algorithm", "dpo", "--max-steps", "2", "--json")
+    (instance / "config.toml").write_text('[training]\nalgorithm = "dpo"\n\n'
+                                          '[training.policy]\nbeta = 0.25\nmax_steps = 2\n')
+    result = cli("rl-train", "--min-feedback", "10", "--json")
     assert result.exit_code in (0, 3), result.output
     out = json.loads(result.stdout)
     assert out["policy"]["algorithm"] == "dpo" and out["version"]["name"] == "v2-dpo"
+    app = make_app(instance)
+    with app.app_context():
+        run = db.session.get(TrainingRun, out["run_id"])
+        assert run.algorithm == "dpo" and run.config["algorithm"] == "dpo"
+        assert run.config["policy"]["beta"] == 0.25 and run.config["policy"]["max_steps"] == 2
+        assert run.config["reward"]["learning_rate"] == 5e-4  # every field is recorded, defaults too
+        version = db.session.get(ModelVersion, run.version_id)
+        assert version.config["policy"]["beta"] == 0.25
+    result = cli("rl-train", "--min-feedback", "10", "--algorithm", "kto", "--max-steps", "0")
+    assert result.exit_code == 2 and "--max-steps must be at least 1" in result.output  # the CLI still overrides
 
 
 def test_crash_midway_leaves_active_version_and_store_consistent(instance, monkeypatch):

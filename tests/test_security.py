@@ -257,20 +257,22 @@ def test_login_limit_per_username_across_addresses(limited_app):
 def test_default_limits_leave_room_for_many_users_behind_one_address():
     from limits import parse_many
 
-    from webapp.core.settings import DEFAULTS
+    from webapp.core.settings import Settings
 
-    def per_minute(key):
-        return min(item.amount * 60 / item.get_expiry() for item in parse_many(DEFAULTS[key]))
-    assert per_minute("RLHF_CHAT_RATE_LIMIT_PER_ADDRESS") >= 10 * per_minute("RLHF_CHAT_RATE_LIMIT")
-    assert per_minute("RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS") >= 10 * per_minute("RLHF_FEEDBACK_RATE_LIMIT")
-    assert DEFAULTS["RATELIMIT_ENABLED"] is True
+    defaults = Settings()
+
+    def per_minute(name):
+        return min(item.amount * 60 / item.get_expiry() for item in parse_many(getattr(defaults, name)))
+    assert per_minute("chat_rate_limit_per_address") >= 10 * per_minute("chat_rate_limit")
+    assert per_minute("feedback_rate_limit_per_address") >= 10 * per_minute("feedback_rate_limit")
+    assert defaults.ratelimit_enabled is True
 
 
 def test_limits_come_from_the_environment_and_bad_values_name_the_setting(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_CHAT_RATE_LIMIT", "5 per minute; 100 per day")
     assert make_app(tmp_path / "a").config["RLHF_CHAT_RATE_LIMIT"] == "5 per minute; 100 per day"
     monkeypatch.setenv("RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS", "lots")
-    with pytest.raises(ConfigError, match="RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS='lots' is not a rate limit"):
+    with pytest.raises(ConfigError, match=r"RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS='lots' \(environment\) is not a rate limit"):
         make_app(tmp_path / "b")
 
 

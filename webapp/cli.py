@@ -22,6 +22,7 @@ def init_app(app: Flask) -> None:
     app.cli.add_command(export_feedback_command)
     app.cli.add_command(ab_report_command)
     app.cli.add_command(scheduler_command)
+    app.cli.add_command(settings_command)
     from webapp.admin.auth import create_admin_command
 
     app.cli.add_command(create_admin_command)
@@ -118,7 +119,8 @@ def serve_command(host: str, port: int, threads: int, workers: int) -> None:
 
 
 @click.command("rl-train")
-@click.option("--algorithm", type=click.Choice(ALGORITHMS), default="ppo", show_default=True)
+@click.option("--algorithm", type=click.Choice(ALGORITHMS), default=None,
+              help="Policy-training algorithm [default: the training.algorithm setting, RLHF_RETRAIN_ALGORITHM].")
 @click.option("--min-feedback", type=int, default=None,
               help="Refuse below this many feedback events [default: RLHF_RETRAIN_MIN_FEEDBACK].")
 @click.option("--max-steps", type=int, default=None, help="Cap on policy optimisation steps.")
@@ -127,7 +129,7 @@ def serve_command(host: str, port: int, threads: int, workers: int) -> None:
 @click.option("--trigger", type=click.Choice(["cli", "manual", "schedule"]), default="cli", hidden=True)
 @click.option("--run-id", type=int, default=None, hidden=True, help="Take over this queued run (the web app's).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON summary object at the end.")
-def rl_train_command(algorithm: str, min_feedback: int | None, max_steps: int | None, lora: bool | None,
+def rl_train_command(algorithm: str | None, min_feedback: int | None, max_steps: int | None, lora: bool | None,
                      trigger: str, run_id: int | None, as_json: bool) -> None:
     """Run one training cycle: feedback -> reward model -> policy -> evaluation gate -> new version.
 
@@ -264,3 +266,30 @@ def scheduler_command() -> None:
         scheduler.start()
     except (KeyboardInterrupt, SystemExit):
         pass
+
+
+@click.command("settings")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of {name, env, group, value, default, source}.")
+@click.option("--markdown", is_flag=True, help="Print the README's configuration tables (generated from the definitions).")
+def settings_command(as_json: bool, markdown: bool) -> None:
+    """Every setting's effective value and where it came from (default, a file, the environment,
+    create_app). Secrets are masked."""
+    import json
+
+    from webapp.core.settings import effective, markdown_tables
+
+    if markdown:
+        click.echo(markdown_tables(), nl=False)
+        return
+    rows = effective(current_app.config["RLHF_SETTINGS"], current_app.config["RLHF_SETTING_SOURCES"])
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    width = max(len(r["name"]) for r in rows)
+    group = None
+    for r in rows:
+        if r["group"] != group:
+            group = r["group"]
+            click.echo(f"[{group}]")
+        click.echo(f"  {r['name']:<{width}}  {r['value']:<24} {r['source']}  ({r['env']})")
+

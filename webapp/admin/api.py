@@ -13,6 +13,7 @@ from webapp.admin.auth import admin_api
 from webapp.admin.feedback_browser import feedback_page
 from webapp.admin.runs import run_dict, run_or_404
 from webapp.core.display import display_paths
+from webapp.core.settings import current_settings
 from webapp.core.extensions import db
 from webapp.core.models import AuditEvent, Experiment, ModelVersion, TrainingRun, active_version
 from webapp.core.validation import bool_field, json_body
@@ -142,9 +143,9 @@ def start_run():
     """Start `rl-train` as a child process (the web server never trains in-process)."""
 
     data = json_body({"algorithm", "max_steps"}, required=False)
-    algorithm = data.get("algorithm", "ppo")
+    algorithm = data.get("algorithm", current_settings().training.algorithm)
     if algorithm not in ALGORITHMS:
-        raise BadRequest("'algorithm' must be one of ppo, dpo, kto, rloo.")
+        raise BadRequest(f"'algorithm' must be one of {', '.join(ALGORITHMS)}.")
     max_steps = data.get("max_steps")
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
         raise BadRequest("'max_steps' must be a positive integer.")

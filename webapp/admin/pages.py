@@ -2,19 +2,23 @@
 from __future__ import annotations
 
 import logging
+import re
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from flask import Blueprint, render_template, request
+from flask import Blueprint, current_app, render_template, request
 from jinja2 import Undefined
 from markupsafe import Markup, escape
 from werkzeug.exceptions import NotFound
+
+from rlhf.settings import CycleSettings
 
 from webapp.admin.auth import admin_page
 from webapp.admin.charts import curve_figures, line_chart
 from webapp.admin.feedback_browser import feedback_page
 from webapp.admin.runs import run_dict, run_or_404
-from webapp.core.display import display_path
+from webapp.core.display import display_path, display_text
+from webapp.core.settings import effective
 from webapp.core.extensions import db
 from webapp.core.models import AuditEvent, Experiment, Message, ModelVersion, TrainingRun, User, active_version, utcnow
 from webapp.experiments.assignment import running_experiment
@@ -191,6 +195,21 @@ def runs():
     return render_template("admin/runs.html", runs=[run_dict(r) for r in rows])
 
 
+def _flat(value: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}.{key}").items()}
+    return {prefix: value}
+
+
+def run_settings(config: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The training settings a run recorded, flattened (``training.policy.lora_r``), each marked
+    when it differs from the default."""
+    defaults = _flat(CycleSettings().to_dict(), "training")
+    recorded = _flat({k: v for k, v in (config or {}).items() if k != "limits"}, "training")
+    return [{"name": name, "value": value, "changed": name in defaults and defaults[name] != value}
+            for name, value in recorded.items() if name != "training.device"]
+
+
 @bp.get("/runs/<int:run_id>")
 @admin_page
 def run_detail(run_id: int):
@@ -207,7 +226,7 @@ def run_detail(run_id: int):
     return render_template("admin/run.html", run=run_dict(run, full=True), figures=curve_figures(data, other),
                            compare_id=other["run_id"] if other else None, compare_choices=choices,
                            stage_titles={**STAGE_TITLES, "policy": f"Policy ({(run.algorithm or 'ppo').upper()})"},
-                           has_curves=bool(data["series"]))
+                           has_curves=bool(data["series"]), settings_rows=run_settings(run.config))
 
 
 @bp.get("/versions")
@@ -225,3 +244,22 @@ def feedback():
     versions = db.session.scalars(db.select(ModelVersion.name).order_by(ModelVersion.id)).all()
     filters = {k: v for k, v in args.items() if k != "page"}
     return render_template("admin/feedback.html", page=page, filters=filters, versions=versions)
+
+
+def _code_spans(text: str) -> Markup:
+    """Escaped text with its `code` spans (as the README writes them) in <code>."""
+    return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(text))))
+
+
+@bp.get("/settings")
+@admin_page
+def settings():
+    """Every setting's effective value and source, read-only (secrets masked), grouped."""
+    rows = effective(current_app.config["RLHF_SETTINGS"], current_app.config["RLHF_SETTING_SOURCES"])
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        row = {**row, "value": display_text(row["value"]), "doc": _code_spans(row["doc"]),
+               "source": display_path(row["source"]) if row["source"].startswith("/") else row["source"]}
+        groups.setdefault(row["group"], []).append(row)
+    return render_template("admin/settings.html", groups=groups)
+

@@ -1,173 +1,304 @@
-"""Configuration: defaults < instance/config.py < environment variables < create_app(config).
+"""The app's settings: one typed, validated object (:class:`Settings`), built once at start-up.
 
-Environment variables are the deployment interface (see README "Configuration"); each maps
-to one config key below. Values from the environment are strings and are converted to the
-type of the default.
+Sources, each overriding the one before: the defaults below < ``instance/config.py`` (plain
+Python, upper-case names) < ``instance/config.toml`` < environment variables < the dict given to
+``create_app(config)``. Every value is parsed to its field's type and range-checked; a value the
+app cannot use stops it with a one-line error naming the setting and where it came from.
+
+The training settings are ``rlhf.settings.CycleSettings`` itself: every field of it (and of the
+stage dataclasses in it) is settable the same way, as ``[training]`` / ``[training.policy]``
+tables in config.toml, ``TRAINING = {"policy": {...}}`` in config.py, or
+``RLHF_TRAINING_POLICY_LORA_R``-style environment variables; the most used ones also have short
+names (``RLHF_PPO_EPISODES``, ``RLHF_LORA``, ...). ``flask --app webapp settings`` prints every
+effective value and its source; the admin dashboard's Settings page shows the same.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
+import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Union, get_args, get_origin, get_type_hints
 
 import click
+from flask import current_app
 from limits import parse_many
+
+from rlhf.settings import CycleSettings, problem_with
+
+from webapp.core.metric_catalog import METRIC_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 
-DEFAULTS: dict[str, Any] = {
-    # Database: any SQLAlchemy URL; default is SQLite in the instance folder.
-    "SQLALCHEMY_DATABASE_URI": None,
-    "SQLITE_BUSY_TIMEOUT_MS": 15000,
-    # Models. "embedded" builds the project's own small GPT-2 (no internet needed); anything
-    # else is a Hugging Face hub id or a local directory passed to from_pretrained.
-    "RLHF_BASE_MODEL": "embedded",
-    "RLHF_EMBEDDED_PRESET": "default",  # "micro" builds in seconds (tests)
-    "RLHF_DEVICE": "auto",  # auto | cpu | cuda
-    # Build the base model on first start when no active version exists.
-    "RLHF_AUTO_INIT_MODEL": True,
-    # Generation limits.
-    "RLHF_MAX_NEW_TOKENS": 80,
-    "RLHF_TEMPERATURE": 0.8,
-    "RLHF_TOP_P": 0.95,
-    "RLHF_MAX_MESSAGE_CHARS": 4000,
-    # torch threads for answering in `serve` (0: torch's default, all cores). One worker thread per
-    # model runs every answer as one batch; 1 is fastest for small models and on busy machines.
-    "RLHF_INFERENCE_THREADS": 1,
-    # Scheduler / continuous learning.
-    # On by default: `serve` runs the retrain/monitor/housekeeping/watchdog jobs in its one process
-    # (with several workers, set it to 0 and run `flask --app webapp scheduler` once, separately).
-    "RLHF_SCHEDULER": True,
-    "RLHF_RETRAIN_INTERVAL_SECONDS": 3600.0,
-    "RLHF_RETRAIN_MIN_FEEDBACK": 50,  # new feedback events since the last successful run
-    "RLHF_RETRAIN_ALGORITHM": "ppo",
-    # torch threads of training processes (0: torch's default, all cores). 1 by default: on a small
-    # machine shared with the web server, torch's threads spin-wait for each other under load.
-    "RLHF_TRAIN_THREADS": 1,
-    # Watchdog of training runs: a run without progress for RLHF_RUN_STALL_SECONDS, or running
-    # longer than RLHF_RUN_MAX_SECONDS (0: a limit worked out from the data size), is stopped.
-    "RLHF_RUN_STALL_SECONDS": 600.0,
-    "RLHF_RUN_MAX_SECONDS": 0.0,
-    "RLHF_WATCHDOG_INTERVAL_SECONDS": 30.0,
-    "RLHF_MONITOR_INTERVAL_SECONDS": 60.0,
-    "RLHF_HOUSEKEEPING_INTERVAL_SECONDS": 3600.0,
-    "RLHF_PRIMARY_METRIC": "thumbs_up_rate",
-    "RLHF_PROMOTE_ALPHA": 0.05,
-    "RLHF_EXPERIMENT_MAX_HOURS": 72.0,
-    "RLHF_EXPERIMENT_SPLIT": 0.5,
-    "RLHF_RETAIN_RETIRED_VERSIONS": 3,
-    # Training cycle (rl-train and the scheduler).
-    "RLHF_PPO_EPISODES": 512,
-    "RLHF_POLICY_LR": 3e-5,
-    "RLHF_KL_COEF": 0.05,
-    "RLHF_LORA": False,
-    "RLHF_MIN_PAIRS": 8,
-    "RLHF_GATE_MIN_REWARD_GAIN": 0.0,
-    "RLHF_GATE_MAX_KL": 25.0,
-    # Trainers also write TensorBoard event files to <instance>/runs/run-<id>/tensorboard
-    # (needs the tensorboard package: pip install -e '.[tensorboard]').
-    "RLHF_TENSORBOARD": False,
-    # A/B experiments and admin.
-    "RLHF_AB_MIN_SAMPLE": 30,  # per arm, before a metric is judged ("not enough data yet" below)
-    "RLHF_COMPARE_RATE": 0.1,  # share of answers shown side by side while an experiment runs
-    # Rate limits ("N per second|minute|hour|day", several joined with ";"). Chat (posting a
-    # message, regenerate, compare) and feedback (feedback, compare votes) count per user and per
-    # client address; the per-address limits are high because many users can share one address.
-    "RLHF_LOGIN_RATE_LIMIT": "10 per minute",  # admin login attempts, per address and per username
-    "RLHF_CHAT_RATE_LIMIT": "30 per minute",
-    "RLHF_CHAT_RATE_LIMIT_PER_ADDRESS": "600 per minute",
-    "RLHF_FEEDBACK_RATE_LIMIT": "120 per minute",
-    "RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS": "2400 per minute",
-    "RATELIMIT_ENABLED": True,  # explicit per app: Flask-Limiter's one Limiter otherwise keeps the last app's value
-    "RATELIMIT_STORAGE_URI": "memory://",
-    # Cookies.
-    "SESSION_COOKIE_HTTPONLY": True,
-    "SESSION_COOKIE_SAMESITE": "Lax",
-    "SESSION_COOKIE_SECURE": False,
-    "WTF_CSRF_TIME_LIMIT": None,  # the token lives as long as the session
-    "JSON_SORT_KEYS": False,
-}
-
-# Environment variable -> config key.
-ENV_VARS: dict[str, str] = {
-    "DATABASE_URL": "SQLALCHEMY_DATABASE_URI",
-    "RLHF_SECRET_KEY": "SECRET_KEY",
-    "RLHF_BASE_MODEL": "RLHF_BASE_MODEL",
-    "RLHF_EMBEDDED_PRESET": "RLHF_EMBEDDED_PRESET",
-    "RLHF_DEVICE": "RLHF_DEVICE",
-    "RLHF_AUTO_INIT_MODEL": "RLHF_AUTO_INIT_MODEL",
-    "RLHF_MAX_NEW_TOKENS": "RLHF_MAX_NEW_TOKENS",
-    "RLHF_TEMPERATURE": "RLHF_TEMPERATURE",
-    "RLHF_TOP_P": "RLHF_TOP_P",
-    "RLHF_INFERENCE_THREADS": "RLHF_INFERENCE_THREADS",
-    "RLHF_SCHEDULER": "RLHF_SCHEDULER",
-    "RLHF_RETRAIN_INTERVAL_SECONDS": "RLHF_RETRAIN_INTERVAL_SECONDS",
-    "RLHF_RETRAIN_MIN_FEEDBACK": "RLHF_RETRAIN_MIN_FEEDBACK",
-    "RLHF_RETRAIN_ALGORITHM": "RLHF_RETRAIN_ALGORITHM",
-    "RLHF_TRAIN_THREADS": "RLHF_TRAIN_THREADS",
-    "RLHF_MONITOR_INTERVAL_SECONDS": "RLHF_MONITOR_INTERVAL_SECONDS",
-    "RLHF_RUN_STALL_SECONDS": "RLHF_RUN_STALL_SECONDS",
-    "RLHF_RUN_MAX_SECONDS": "RLHF_RUN_MAX_SECONDS",
-    "RLHF_WATCHDOG_INTERVAL_SECONDS": "RLHF_WATCHDOG_INTERVAL_SECONDS",
-    "RLHF_HOUSEKEEPING_INTERVAL_SECONDS": "RLHF_HOUSEKEEPING_INTERVAL_SECONDS",
-    "RLHF_PRIMARY_METRIC": "RLHF_PRIMARY_METRIC",
-    "RLHF_PROMOTE_ALPHA": "RLHF_PROMOTE_ALPHA",
-    "RLHF_EXPERIMENT_MAX_HOURS": "RLHF_EXPERIMENT_MAX_HOURS",
-    "RLHF_EXPERIMENT_SPLIT": "RLHF_EXPERIMENT_SPLIT",
-    "RLHF_RETAIN_RETIRED_VERSIONS": "RLHF_RETAIN_RETIRED_VERSIONS",
-    "RLHF_COOKIE_SECURE": "SESSION_COOKIE_SECURE",
-    "RLHF_PPO_EPISODES": "RLHF_PPO_EPISODES",
-    "RLHF_POLICY_LR": "RLHF_POLICY_LR",
-    "RLHF_KL_COEF": "RLHF_KL_COEF",
-    "RLHF_LORA": "RLHF_LORA",
-    "RLHF_MIN_PAIRS": "RLHF_MIN_PAIRS",
-    "RLHF_GATE_MIN_REWARD_GAIN": "RLHF_GATE_MIN_REWARD_GAIN",
-    "RLHF_GATE_MAX_KL": "RLHF_GATE_MAX_KL",
-    "RLHF_TENSORBOARD": "RLHF_TENSORBOARD",
-    "RLHF_AB_MIN_SAMPLE": "RLHF_AB_MIN_SAMPLE",
-    "RLHF_COMPARE_RATE": "RLHF_COMPARE_RATE",
-    "RLHF_LOGIN_RATE_LIMIT": "RLHF_LOGIN_RATE_LIMIT",
-    "RLHF_CHAT_RATE_LIMIT": "RLHF_CHAT_RATE_LIMIT",
-    "RLHF_CHAT_RATE_LIMIT_PER_ADDRESS": "RLHF_CHAT_RATE_LIMIT_PER_ADDRESS",
-    "RLHF_FEEDBACK_RATE_LIMIT": "RLHF_FEEDBACK_RATE_LIMIT",
-    "RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS": "RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS",
-    "RLHF_RATELIMIT_ENABLED": "RATELIMIT_ENABLED",
-    "RLHF_RATELIMIT_STORAGE": "RATELIMIT_STORAGE_URI",
-}
-
-RATE_LIMIT_KEYS = ("RLHF_LOGIN_RATE_LIMIT", "RLHF_CHAT_RATE_LIMIT", "RLHF_CHAT_RATE_LIMIT_PER_ADDRESS",
-                   "RLHF_FEEDBACK_RATE_LIMIT", "RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS")
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
 
 class ConfigError(click.ClickException, ValueError):
-    """A setting has a value the app cannot use; the message names the setting.
+    """A setting has a value the app cannot use; the message names the setting and its source.
 
     Being a ClickException, it ends any ``flask`` command with a one-line "Error: ..." and
     exit code 1 instead of a traceback.
     """
 
 
-def _convert(name: str, raw: str, default: Any) -> Any:
-    if isinstance(default, bool):
-        low = raw.strip().lower()
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
-        raise ConfigError(f"{name}={raw!r} is not a boolean (use 1/0, true/false)")
-    try:
-        if isinstance(default, int):
-            return int(raw)
-        if isinstance(default, float):
-            return float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a {type(default).__name__}") from None
-    return raw
+# ---------------------------------------------------------------------------- the definitions
 
+def setting(default: Any, doc: str, group: str, *, key: str | None = None, env: str | None = None,
+            secret: bool = False, shown_default: str | None = None, check: Callable[[Any], str | None] | None = None,
+            **bounds: Any) -> Any:
+    """A field of :class:`Settings`: its Flask config ``key`` and environment variable ``env``
+    (both ``RLHF_<NAME>`` unless given), meaning, group, and allowed values (``low``/``high``/
+    ``above``/``below``/``choices`` as in rlhf.settings.knob, or a ``check`` returning a problem)."""
+    return field(default=default, metadata={"doc": doc, "group": group, "key": key, "env": env, "secret": secret,
+                                            "shown_default": shown_default, "check": check, **bounds})
+
+
+def _rate_limit(value: str) -> str | None:
+    try:
+        parse_many(value)
+    except ValueError:
+        return "is not a rate limit (e.g. '30 per minute' or '30 per minute; 500 per day')"
+    return None
+
+
+def _device(value: str) -> str | None:
+    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+        return None
+    return "must be auto, cpu, cuda or cuda:N"
+
+
+def _preset(value: str) -> str | None:
+    from rlhf.embedded import PRESETS  # the model builder (torch); the app imports it anyway
+
+    return None if value in PRESETS else "must be one of " + ", ".join(PRESETS)
+
+
+def _not_blank(value: str) -> str | None:
+    return "must not be empty" if not value.strip() else None
+
+
+@dataclass(frozen=True)
+class Settings:
+    # storage
+    database_url: str | None = setting(None, "any SQLAlchemy URL; PostgreSQL: `postgresql+psycopg://user:password@"
+                                       "host/dbname` (driver `psycopg[binary]`, in the `[dev]` extra)", "Storage",
+                                       key="SQLALCHEMY_DATABASE_URI", env="DATABASE_URL", secret=True,
+                                       shown_default="`sqlite:///<instance>/rlhf.db`")
+    sqlite_busy_timeout_ms: int = setting(15000, "SQLite: how long a write waits for the database lock", "Storage",
+                                          key="SQLITE_BUSY_TIMEOUT_MS", low=0)
+    secret_key: str | None = setting(None, "cookie signing key", "Storage", key="SECRET_KEY", secret=True,
+                                     shown_default="generated once into `<instance>/secret_key` (0600)")
+    # models
+    base_model: str = setting("embedded", "`embedded`, a hub id (`gpt2`) or a local model directory", "Models",
+                              check=_not_blank)
+    embedded_preset: str = setting("default", "`micro` builds a tiny model in a second (tests)", "Models", check=_preset)
+    device: str = setting("auto", "`auto`, `cpu`, `cuda` or `cuda:N` (serving and training)", "Models", check=_device)
+    auto_init_model: bool = setting(True, "build the base model on first start when none is active", "Models")
+    # generation
+    max_new_tokens: int = setting(80, "generation limit per answer", "Generation", low=1, high=4096)
+    temperature: float = setting(0.8, "sampling temperature", "Generation", above=0.0, high=5.0)
+    top_p: float = setting(0.95, "nucleus sampling: smallest token set with this much probability", "Generation",
+                           above=0.0, high=1.0)
+    max_message_chars: int = setting(4000, "longest message a user may send, in characters", "Generation", low=1)
+    inference_threads: int = setting(1, "torch threads of `serve` for generating answers (0: torch's default, all "
+                                     "cores). One thread generates every concurrent answer as one batch; on small "
+                                     "models and busy machines one torch thread is much faster than several (on this "
+                                     "2-core machine under load, 2 threads made each token about 8x slower); raise it "
+                                     "for large models on idle cores", "Generation", low=0)
+    # the loop
+    scheduler: bool = setting(True, "run the scheduler inside the `serve` process (the learning loop is on by "
+                              "default). `serve --workers N>1` refuses it with a clear error: set `0` there and run "
+                              "`flask --app webapp scheduler` once, as its own process. Only one scheduler runs per "
+                              "instance (`scheduler.lock`)", "Scheduler")
+    retrain_interval_seconds: float = setting(3600.0, "how often the retrain job looks for new feedback", "Scheduler",
+                                              above=0.0)
+    retrain_min_feedback: int = setting(50, "new feedback events a scheduled retrain needs", "Scheduler", low=0)
+    train_threads: int = setting(1, "torch threads of `rl-train` (0: torch's default, all cores). One by default: on "
+                                 "a small machine shared with the web server, torch's threads spin-wait for each "
+                                 "other under load; raise it on idle cores or large models", "Scheduler", low=0)
+    tensorboard: bool = setting(False, "trainers also write TensorBoard event files to `<instance>/runs/run-<id>/"
+                                "tensorboard/{reward,policy}` (`tensorboard --logdir instance/runs`). Needs the "
+                                "`tensorboard` package (`pip install -e '.[tensorboard]'`, also in `[dev]`); without "
+                                "it a run is refused with a one-line error", "Scheduler")
+    run_stall_seconds: float = setting(600.0, "the watchdog stops a run that reports no progress for this long",
+                                       "Scheduler", above=0.0)
+    run_max_seconds: float = setting(0.0, "the watchdog stops a run that takes longer (0: worked out from the data "
+                                     "size: 30 min + 2 s per unit of work, scaled up for models over 10 M "
+                                     "parameters)", "Scheduler", low=0.0)
+    watchdog_interval_seconds: float = setting(30.0, "how often the scheduler's watchdog job looks at running runs",
+                                               "Scheduler", above=0.0)
+    monitor_interval_seconds: float = setting(60.0, "how often the experiment monitor looks", "Scheduler", above=0.0)
+    housekeeping_interval_seconds: float = setting(3600.0, "how often housekeeping runs", "Scheduler", above=0.0)
+    retain_retired_versions: int = setting(3, "retired versions kept on disk (older ones are pruned)", "Scheduler",
+                                           low=0)
+    # experiments
+    primary_metric: str = setting("thumbs_up_rate", "the metric the promotion policy decides on", "Experiments",
+                                  choices=METRIC_NAMES)
+    promote_alpha: float = setting(0.05, "significance level of the promotion policy", "Experiments",
+                                   above=0.0, below=0.5)
+    experiment_max_hours: float = setting(72.0, "an experiment without a significant result by then keeps the "
+                                          "control", "Experiments", above=0.0)
+    experiment_split: float = setting(0.5, "variant share of automatically started experiments", "Experiments",
+                                      above=0.0, below=1.0)
+    ab_min_sample: int = setting(30, "observations per arm before a metric is judged", "Experiments", low=1)
+    compare_rate: float = setting(0.1, "share of questions answered side by side while an experiment runs",
+                                  "Experiments", low=0.0, high=1.0)
+    # rate limits
+    login_rate_limit: str = setting("10 per minute", "admin login attempts per address and per username",
+                                    "Rate limits", check=_rate_limit)
+    chat_rate_limit: str = setting("30 per minute", "questions per user: posting a message, regenerate and compare "
+                                   "share it", "Rate limits", check=_rate_limit)
+    chat_rate_limit_per_address: str = setting("600 per minute", "the same, per client address (high: many users "
+                                               "can share one address)", "Rate limits", check=_rate_limit)
+    feedback_rate_limit: str = setting("120 per minute", "feedback and compare votes per user", "Rate limits",
+                                       check=_rate_limit)
+    feedback_rate_limit_per_address: str = setting("2400 per minute", "the same, per client address", "Rate limits",
+                                                   check=_rate_limit)
+    ratelimit_enabled: bool = setting(True, "`0` switches every rate limit off (load tests, benchmarks)",
+                                      "Rate limits", key="RATELIMIT_ENABLED")
+    ratelimit_storage: str = setting("memory://", "rate-limit storage (e.g. `redis://...` with several workers)",
+                                     "Rate limits", key="RATELIMIT_STORAGE_URI", secret=True)
+    # cookies
+    cookie_secure: bool = setting(False, "mark the session cookie Secure: set it to `1` whenever the app is served "
+                                  "over HTTPS (the default run is plain http on localhost, where a Secure cookie would "
+                                  "never be sent back). The cookie is always HttpOnly and SameSite=Lax", "Cookies",
+                                  key="SESSION_COOKIE_SECURE")
+    # training: the rlhf dataclasses themselves (device comes from the app's device above)
+    training: CycleSettings = field(default_factory=CycleSettings)
+
+    def to_flask_config(self) -> dict[str, Any]:
+        """The flat keys Flask, its extensions and the app's modules read from ``app.config``."""
+        cfg = {spec.key: getattr(self, spec.name) for spec in APP_SETTINGS}
+        cfg["RLHF_SETTINGS"] = self
+        return cfg
+
+
+# Flask settings the app fixes (still overridable by create_app(config), e.g. in tests).
+FLASK_FIXED: dict[str, Any] = {"SESSION_COOKIE_HTTPONLY": True, "SESSION_COOKIE_SAMESITE": "Lax",
+                               "WTF_CSRF_TIME_LIMIT": None,  # the token lives as long as the session
+                               "JSON_SORT_KEYS": False}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One setting: its dotted ``name`` (``max_new_tokens``, ``training.policy.lora_r``), Flask
+    config ``key`` (app settings), environment variables (the first is its own name), type, default,
+    meaning and checks."""
+
+    name: str
+    key: str | None
+    envs: tuple[str, ...]
+    type: Any
+    default: Any
+    meta: dict[str, Any]
+
+    @property
+    def env(self) -> str:
+        return self.envs[0]
+
+    @property
+    def group(self) -> str:
+        return self.meta.get("group") or "Training: " + (self.name.split(".")[1] if self.name.count(".") == 2
+                                                         else "cycle")
+
+    def problem(self, value: Any) -> str | None:
+        check = self.meta.get("check")
+        return (check(value) if check and value is not None else None) or problem_with(value, self.meta)
+
+
+# Short names for the training settings operators change most (the README's first table).
+TRAINING_ALIASES = {"RLHF_RETRAIN_ALGORITHM": "training.algorithm", "RLHF_PPO_EPISODES": "training.policy.episodes",
+                    "RLHF_POLICY_LR": "training.policy.learning_rate", "RLHF_KL_COEF": "training.policy.kl_coef",
+                    "RLHF_LORA": "training.policy.lora", "RLHF_MIN_PAIRS": "training.min_pairs",
+                    "RLHF_GATE_MIN_REWARD_GAIN": "training.gate.min_reward_gain",
+                    "RLHF_GATE_MAX_KL": "training.gate.max_kl"}
+_NOT_SETTABLE = {"training.device"}  # follows the app's device
+
+
+def _specs() -> tuple[list[Spec], list[Spec]]:
+    app: list[Spec] = []
+    hints = get_type_hints(Settings)
+    for f in dataclasses.fields(Settings):
+        if f.name == "training":
+            continue
+        key = f.metadata.get("key") or f"RLHF_{f.name.upper()}"
+        env = f.metadata.get("env") or f"RLHF_{f.name.upper()}"
+        app.append(Spec(f.name, key, (env,), hints[f.name], f.default, dict(f.metadata)))
+    aliases = {v: k for k, v in TRAINING_ALIASES.items()}
+    training: list[Spec] = []
+
+    def walk(cls: type, prefix: str) -> None:
+        types = get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            name = f"{prefix}.{f.name}"
+            if dataclasses.is_dataclass(types[f.name]):
+                walk(types[f.name], name)
+            elif name not in _NOT_SETTABLE:
+                own = "RLHF_" + name.upper().replace(".", "_")
+                envs = (aliases[name], own) if name in aliases else (own,)
+                training.append(Spec(name, None, envs, types[f.name], f.default, dict(f.metadata)))
+
+    walk(CycleSettings, "training")
+    return app, training
+
+
+APP_SETTINGS, TRAINING_SETTINGS = _specs()
+ALL_SETTINGS = APP_SETTINGS + TRAINING_SETTINGS
+BY_NAME = {s.name: s for s in ALL_SETTINGS}
+BY_FLAT_NAME = {**{s.key: s for s in APP_SETTINGS}, **{e: s for s in ALL_SETTINGS for e in s.envs}}
+
+
+# ---------------------------------------------------------------------------- parsing
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _parse(spec: Spec, raw: Any) -> Any:
+    """``raw`` (a string from the environment, or a value from a file) as the setting's type;
+    raises ValueError with the problem."""
+    typ, optional = spec.type, False
+    if get_origin(typ) in (Union, getattr(__import__("types"), "UnionType", Union)):
+        args = [a for a in get_args(typ) if a is not type(None)]
+        typ, optional = args[0], len(args) < len(get_args(typ))
+    if isinstance(raw, str):
+        text = raw.strip()
+        if optional and text.lower() in ("", "none", "null"):
+            return None
+    if raw is None:
+        if optional:
+            return None
+        raise ValueError("must be set")
+    if typ is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, int) and raw in (0, 1):
+            return bool(raw)
+        if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+            return raw.strip().lower() in _TRUE
+        raise ValueError("is not a boolean (use 1/0, true/false, yes/no, on/off)")
+    if typ is int:
+        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+            raise ValueError("is not a whole number")
+        try:
+            return int(raw.strip() if isinstance(raw, str) else raw)
+        except (TypeError, ValueError):
+            raise ValueError("is not a whole number") from None
+    if typ is float:
+        if isinstance(raw, bool):
+            raise ValueError("is not a number")
+        try:
+            return float(raw.strip() if isinstance(raw, str) else raw)
+        except (TypeError, ValueError):
+            raise ValueError("is not a number") from None
+    if typ is str:
+        if not isinstance(raw, str):
+            raise ValueError("is not a text value")
+        return raw
+    raise TypeError(f"setting {spec.name} has an unsupported type {typ!r}")
+
+
+# ---------------------------------------------------------------------------- the sources
 
 def instance_dir(overrides: dict[str, Any] | None = None) -> Path:
     """The instance folder: create_app(config) > $RLHF_INSTANCE_DIR > <repo>/instance."""
@@ -175,13 +306,68 @@ def instance_dir(overrides: dict[str, Any] | None = None) -> Path:
     return Path(raw).expanduser().resolve()
 
 
-def load_instance_file(path: Path) -> dict[str, Any]:
+def _flatten(table: dict[str, Any], prefix: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        name = f"{prefix}.{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, name))
+        else:
+            out[name] = v
+    return out
+
+
+def _entries(values: dict[str, Any], source: str, passthrough: dict[str, Any]) -> list[tuple[Spec, str, Any, str]]:
+    """(spec, name as written, raw value, source) for each setting in a mapping of upper-case names
+    (plus a nested ``TRAINING`` table); other upper-case Flask keys go to ``passthrough``."""
+    out = []
+    for name, raw in values.items():
+        if name in ("TRAINING", "training"):
+            if not isinstance(raw, dict):
+                raise ConfigError(f"{name} ({source}) must be a table of training settings")
+            for dotted, value in _flatten(raw, "training").items():
+                spec = BY_NAME.get(dotted)
+                if spec is None or spec.key is not None:
+                    raise ConfigError(f"{dotted} ({source}) is not a setting (see `flask --app webapp settings`)")
+                out.append((spec, dotted, value, source))
+        elif name in BY_FLAT_NAME:
+            out.append((BY_FLAT_NAME[name], name, raw, source))
+        elif name.startswith("RLHF_"):
+            raise ConfigError(f"{name} ({source}) is not a setting (see `flask --app webapp settings`)")
+        elif name.isupper():
+            passthrough[name] = raw  # a Flask or extension setting the app does not define itself
+    return out
+
+
+def load_instance_py(path: Path) -> dict[str, Any]:
     """Upper-case names from ``instance/config.py`` (plain Python, like Flask's from_pyfile)."""
     if not path.is_file():
         return {}
     namespace: dict[str, Any] = {"__file__": str(path)}
     exec(compile(path.read_text(), str(path), "exec"), namespace)  # noqa: S102 - operator-owned file
     return {k: v for k, v in namespace.items() if k.isupper()}
+
+
+def load_instance_toml(path: Path) -> dict[str, Any]:
+    """``instance/config.toml``: upper-case names at the top, training settings in ``[training]``
+    tables (``[training.policy]`` ...); a lower-case top-level key is the setting's own name."""
+    if not path.is_file():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if k == "training":
+            out["TRAINING"] = v
+        elif k in BY_NAME and BY_NAME[k].key:
+            out[BY_NAME[k].key] = v
+        elif isinstance(v, dict):
+            raise ConfigError(f"[{k}] ({path}) is not a settings table (only [training] and its parts are)")
+        else:
+            out[k if k.isupper() else "RLHF_" + k.upper()] = v
+    return out
 
 
 def secret_key(folder: Path) -> str:
@@ -198,34 +384,138 @@ def secret_key(folder: Path) -> str:
     return key
 
 
-def build_config(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Resolve every setting in precedence order. Creates the instance folder if needed."""
+@dataclass(frozen=True)
+class Resolved:
+    settings: Settings
+    sources: dict[str, str]  # setting name -> where its value came from
+    passthrough: dict[str, Any]  # other Flask keys from the files and create_app(config)
+
+
+def _with_dotted(obj: Any, dotted: list[str], value: Any) -> Any:
+    if len(dotted) == 1:
+        return dataclasses.replace(obj, **{dotted[0]: value})
+    return dataclasses.replace(obj, **{dotted[0]: _with_dotted(getattr(obj, dotted[0]), dotted[1:], value)})
+
+
+def resolve(overrides: dict[str, Any] | None = None) -> Resolved:
+    """Every setting from its sources, parsed and checked (ConfigError on the first bad one)."""
     overrides = dict(overrides or {})
     folder = instance_dir(overrides)
     folder.mkdir(parents=True, exist_ok=True)
-    cfg: dict[str, Any] = dict(DEFAULTS)
-    cfg.update(load_instance_file(folder / "config.py"))
-    for env_name, key in ENV_VARS.items():
-        if env_name in os.environ:
-            cfg[key] = _convert(env_name, os.environ[env_name], DEFAULTS.get(key, ""))
-    cfg.update(overrides)
-    cfg["INSTANCE_DIR"] = str(folder)
-    cfg.setdefault("MODEL_STORE", str(folder / "models"))
-    if not cfg.get("SQLALCHEMY_DATABASE_URI"):
-        cfg["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{folder / 'rlhf.db'}"
-    if not cfg.get("SECRET_KEY"):
-        cfg["SECRET_KEY"] = secret_key(folder)
-    for key in RATE_LIMIT_KEYS:
+    passthrough: dict[str, Any] = {}
+    entries = _entries(load_instance_py(folder / "config.py"), str(folder / "config.py"), passthrough)
+    entries += _entries(load_instance_toml(folder / "config.toml"), str(folder / "config.toml"), passthrough)
+    for spec in ALL_SETTINGS:
+        for env in spec.envs:  # the setting's own name (last) wins over its short alias
+            if env in os.environ:
+                entries.append((spec, env, os.environ[env], "environment"))
+    entries += _entries({k: v for k, v in overrides.items() if k != "INSTANCE_DIR"}, "create_app(config)", passthrough)
+
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for spec, written, raw, source in entries:
         try:
-            parse_many(str(cfg[key]))
-        except ValueError:
-            raise ConfigError(f"{key}={cfg[key]!r} is not a rate limit (e.g. '30 per minute' or "
-                              "'30 per minute; 500 per day')") from None
-    for key in ("RLHF_RUN_STALL_SECONDS", "RLHF_WATCHDOG_INTERVAL_SECONDS"):
-        if not float(cfg[key]) > 0:
-            raise ConfigError(f"{key}={cfg[key]!r} must be a number of seconds above 0")
-    if float(cfg["RLHF_RUN_MAX_SECONDS"]) < 0:
-        raise ConfigError(f"RLHF_RUN_MAX_SECONDS={cfg['RLHF_RUN_MAX_SECONDS']!r} must be >= 0 (0: from the data size)")
-    if cfg["RLHF_DEVICE"] not in ("auto", "cpu", "cuda") and not str(cfg["RLHF_DEVICE"]).startswith("cuda:"):
-        raise ConfigError(f"RLHF_DEVICE={cfg['RLHF_DEVICE']!r} must be auto, cpu or cuda")
+            value = _parse(spec, raw)
+        except ValueError as exc:
+            raise ConfigError(f"{written}={raw!r} ({source}) {exc}") from None
+        problem = spec.problem(value)
+        if problem:
+            raise ConfigError(f"{written}={raw!r} ({source}) {problem}")
+        values[spec.name], sources[spec.name] = value, source
+
+    app_values = {s.name: values[s.name] for s in APP_SETTINGS if s.name in values}
+    settings = Settings(**app_values)
+    training = dataclasses.replace(settings.training, device=settings.device)
+    for spec in TRAINING_SETTINGS:
+        if spec.name in values:
+            training = _with_dotted(training, spec.name.split(".")[1:], values[spec.name])
+    try:
+        training.validate()
+    except ValueError as exc:
+        where = sorted({sources[n] for n in sources if n.startswith("training.")}) or ["defaults"]
+        raise ConfigError(f"training settings ({', '.join(where)}): {exc}") from None
+    if settings.secret_key is None:
+        settings = dataclasses.replace(settings, secret_key=secret_key(folder))
+        sources["secret_key"] = str(folder / "secret_key")
+    if settings.database_url is None:
+        settings = dataclasses.replace(settings, database_url=f"sqlite:///{folder / 'rlhf.db'}")
+    settings = dataclasses.replace(settings, training=training)
+    passthrough.update({k: v for k, v in overrides.items() if k not in BY_FLAT_NAME and k != "TRAINING"})
+    passthrough["INSTANCE_DIR"] = str(folder)
+    return Resolved(settings, sources, passthrough)
+
+
+def build_config(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Flask config: fixed Flask settings, every setting's flat key, ``RLHF_SETTINGS`` (the
+    :class:`Settings` object), ``RLHF_SETTING_SOURCES`` and the pass-through keys."""
+    resolved = resolve(overrides)
+    cfg: dict[str, Any] = {**FLASK_FIXED, **resolved.settings.to_flask_config(),
+                           "RLHF_SETTING_SOURCES": resolved.sources}
+    cfg.update(resolved.passthrough)
+    cfg.setdefault("MODEL_STORE", str(Path(cfg["INSTANCE_DIR"]) / "models"))
     return cfg
+
+
+def current_settings() -> Settings:
+    """The running app's settings."""
+    return current_app.config["RLHF_SETTINGS"]
+
+
+# ---------------------------------------------------------------------------- showing them
+
+def _mask(spec: Spec, value: Any) -> Any:
+    if not spec.meta.get("secret") or value is None:
+        return value
+    if spec.name == "secret_key":
+        return "********"
+    from sqlalchemy.engine import make_url  # URLs: only their password is secret
+
+    try:
+        return make_url(str(value)).render_as_string(hide_password=True)
+    except Exception:
+        return "********"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if value is None:
+        return "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def effective(settings: Settings, sources: dict[str, str]) -> list[dict[str, Any]]:
+    """Every setting with its effective value (secrets masked) and where it came from, grouped."""
+    rows = []
+    for spec in ALL_SETTINGS:
+        obj: Any = settings
+        for part in spec.name.split("."):
+            obj = getattr(obj, part)
+        rows.append({"name": spec.name, "env": spec.env, "aliases": list(spec.envs[1:]), "group": spec.group,
+                     "value": _shown(_mask(spec, obj)), "default": spec.meta.get("shown_default") or _shown(spec.default),
+                     "source": sources.get(spec.name, "default"), "doc": spec.meta.get("doc", "")})
+    return rows
+
+
+def markdown_tables() -> str:
+    """The README's configuration tables, generated from the definitions (a test keeps them equal)."""
+    def table(specs: list[Spec]) -> list[str]:
+        lines = ["| Variable | Default | Meaning |", "|---|---|---|"]
+        for spec in specs:
+            names = " or ".join(f"`{e}`" for e in spec.envs)
+            default = spec.meta.get("shown_default") or f"`{_shown(spec.default)}`"
+            doc = spec.meta.get("doc", "")
+            if spec.meta.get("choices"):
+                doc += " (" + ", ".join(f"`{c}`" for c in spec.meta["choices"]) + ")"
+            lines.append(f"| {names} | {default} | {doc} |")
+        return lines
+
+    out = ["| Variable | Default | Meaning |", "|---|---|---|",
+           "| `RLHF_INSTANCE_DIR` | `./instance` | runtime folder: database, secret key, model store, config files |"]
+    out += table(APP_SETTINGS)[2:]
+    out += ["", "Training settings (`[training]` tables in config.toml; the environment variable is the dotted "
+            "name in capitals, `training.policy.lora_r` -> `RLHF_TRAINING_POLICY_LORA_R`):", ""]
+    out += table(TRAINING_SETTINGS)
+    return "\n".join(out) + "\n"

@@ -16,6 +16,7 @@ from scipy import stats as scipy_stats
 
 from webapp.core.display import display_path
 from webapp.core.extensions import db
+from webapp.core.metric_catalog import METRICS
 from webapp.core.models import (AnswerScore, Assignment, Comparison, Experiment, Feedback, Message, history,
                                 iso, utcnow)
 from webapp.experiments import stats as ab_stats
@@ -23,15 +24,6 @@ from webapp.experiments import stats as ab_stats
 ARMS = ("control", "variant")
 
 # name, label, kind, higher_is_better
-METRICS: tuple[tuple[str, str, str, bool], ...] = (
-    ("thumbs_up_rate", "Thumbs-up rate", "proportion", True),
-    ("mean_rating", "Mean rating (1-5)", "mean", True),
-    ("correction_rate", "Correction rate", "proportion", False),
-    ("regenerate_rate", "Regenerate rate", "proportion", False),
-    ("compare_win_rate", "Compare win rate (variant vs control)", "win_rate", True),
-    ("mean_reward", "Mean reward-model score", "mean", True),
-    ("latency_ms", "Latency (ms)", "mean", False),
-)
 
 
 def _reward_model_path(exp: Experiment) -> str | None:

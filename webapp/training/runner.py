@@ -18,13 +18,12 @@ from rlhf import registry
 from rlhf.algorithms import ALGORITHMS
 from rlhf.curves import CurvesFile, TrainingLogs
 from rlhf.cycle import CycleSettings, NotEnoughData, fit_to_data, overall_progress, run_cycle
-from rlhf.evaluation import GateThresholds
-from rlhf.policy_training import PolicySettings
 from rlhf.preference_data import build_datasets
 from rlhf.progress import ProgressFn
 from rlhf.stage_sizing import DataSize
 
 from webapp.core.extensions import db
+from webapp.core.settings import current_settings
 from webapp.core.models import ModelVersion, TrainingRun, active_version, utcnow
 from webapp.training.records import feedback_event_count, feedback_records
 from webapp.training.runs import (RunRefused, curves_path, next_version_name, recover_stale_runs, run_folder,
@@ -32,22 +31,22 @@ from webapp.training.runs import (RunRefused, curves_path, next_version_name, re
 from webapp.training.watchdog import RunWatchdog, run_limits
 
 
-def cycle_settings(algorithm: str = "ppo", max_steps: int | None = None, lora: bool | None = None,
+def cycle_settings(algorithm: str | None = None, max_steps: int | None = None, lora: bool | None = None,
                    **overrides: Any) -> CycleSettings:
-    """Cycle settings from the app config (RLHF_* keys) plus explicit overrides."""
+    """The app's training settings (``current_settings().training``: every field settable in the
+    settings file and environment) with this run's choices (rl-train's options) on top."""
     cfg = current_app.config
-    if algorithm not in ALGORITHMS:
+    if algorithm is not None and algorithm not in ALGORITHMS:
         raise RunRefused(f"invalid setting: --algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})")
     if max_steps is not None and max_steps < 1:
         raise RunRefused(f"invalid setting: --max-steps must be at least 1 (got {max_steps})")
-    policy = replace(PolicySettings(), episodes=int(cfg["RLHF_PPO_EPISODES"]),
-                     learning_rate=float(cfg["RLHF_POLICY_LR"]), kl_coef=float(cfg["RLHF_KL_COEF"]),
-                     max_steps=max_steps, lora=bool(cfg["RLHF_LORA"] if lora is None else lora))
-    gate = replace(GateThresholds(), min_reward_gain=float(cfg["RLHF_GATE_MIN_REWARD_GAIN"]),
-                   max_kl=float(cfg["RLHF_GATE_MAX_KL"]))
-    settings = CycleSettings(algorithm=algorithm, policy=policy, gate=gate, device=cfg["RLHF_DEVICE"],
-                             min_pairs=int(cfg["RLHF_MIN_PAIRS"]))
-    settings = replace(settings, **overrides)
+    settings = current_settings().training
+    policy = settings.policy
+    if max_steps is not None:
+        policy = replace(policy, max_steps=max_steps)
+    if lora is not None:
+        policy = replace(policy, lora=lora)
+    settings = replace(settings, algorithm=algorithm or settings.algorithm, policy=policy, **overrides)
     if cfg["RLHF_TENSORBOARD"] and not tensorboard_available():
         raise RunRefused("RLHF_TENSORBOARD=1 needs the tensorboard package, which is not installed "
                          "(pip install -e '.[tensorboard]', or set RLHF_TENSORBOARD=0)")
@@ -91,7 +90,7 @@ class RunTracker:
         db.session.commit()
 
 
-def run_training(trigger: str = "cli", algorithm: str = "ppo", min_feedback: int | None = None,
+def run_training(trigger: str = "cli", algorithm: str | None = None, min_feedback: int | None = None,
                  max_steps: int | None = None, lora: bool | None = None, bars: ProgressFn | None = None,
                  run_id: int | None = None, watchdog: bool = False, **overrides: Any) -> dict[str, Any]:
     """One full cycle as a training_runs row. Raises RunRefused (nothing stored) when it cannot
@@ -113,10 +112,11 @@ def run_training(trigger: str = "cli", algorithm: str = "ppo", min_feedback: int
         raise
 
 
-def _run_training(trigger: str, algorithm: str, min_feedback: int | None, max_steps: int | None,
+def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None, max_steps: int | None,
                   lora: bool | None, bars: ProgressFn | None, queued_id: int | None, watchdog: bool,
                   overrides: dict[str, Any]) -> dict[str, Any]:
     settings = cycle_settings(algorithm, max_steps, lora, **overrides)
+    algorithm = settings.algorithm
     cfg = current_app.config
     min_feedback = int(cfg["RLHF_RETRAIN_MIN_FEEDBACK"] if min_feedback is None else min_feedback)
     if min_feedback < 0:

@@ -88,13 +88,14 @@ def _reap(proc: subprocess.Popen) -> None:
     threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
 
 
-def spawn_training(algorithm: str = "ppo", max_steps: int | None = None, trigger: str = "manual",
+def spawn_training(algorithm: str | None = None, max_steps: int | None = None, trigger: str = "manual",
                    min_feedback: int | None = None) -> tuple[int, subprocess.Popen]:
     """Start ``rl-train`` in a child process (its own process group, so the watchdog can stop
     all of it) for a run row written first as ``queued``: the dashboard shows the run at once.
     A thread waits for the child, so a finished run never lingers as a zombie. Returns the run
     id and the process."""
     instance = Path(current_app.config["INSTANCE_DIR"])
+    algorithm = algorithm or current_app.config["RLHF_SETTINGS"].training.algorithm
     run = TrainingRun(trigger=trigger, algorithm=algorithm, status="queued", stage="queued", progress=0.0,
                       hostname=socket.gethostname())
     db.session.add(run)

@@ -90,7 +90,7 @@ def retrain_tick() -> dict[str, Any]:
     if events < needed:
         return {"action": "skip", "reason": f"{events} of {needed} new feedback events since the last run",
                 "new_events": events, "needed": needed}
-    run_id, proc = spawn_training(current_app.config["RLHF_RETRAIN_ALGORITHM"], trigger="schedule", min_feedback=0)
+    run_id, proc = spawn_training(trigger="schedule", min_feedback=0)
     _CHILDREN.append(proc)
     log.info("retrain: %s new feedback events, started rl-train run #%s (pid %s)", events, run_id, proc.pid)
     return {"action": "train", "run_id": run_id, "pid": proc.pid, "new_events": events,

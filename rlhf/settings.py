@@ -1,0 +1,149 @@
+"""Every training hyperparameter, as frozen dataclasses: one per stage, and the cycle's settings
+holding them all.
+
+Each field carries its documentation and its allowed range in its metadata (:func:`knob`), so
+whoever builds these from outside input (the web app's settings file, environment, CLI) checks
+and documents them from the definitions here. This module imports nothing heavy: reading
+settings never loads torch or TRL.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .algorithms import ALGORITHMS
+
+
+def knob(default: Any, doc: str, *, low: float | None = None, high: float | None = None,
+         above: float | None = None, below: float | None = None, choices: tuple | None = None) -> Any:
+    """A dataclass field with its meaning and its allowed values: ``low``/``high`` inclusive,
+    ``above``/``below`` exclusive bounds, ``choices`` a fixed set."""
+    return field(default=default, metadata={"doc": doc, "low": low, "high": high, "above": above,
+                                            "below": below, "choices": choices})
+
+
+def problem_with(value: Any, meta: dict[str, Any]) -> str | None:
+    """Why ``value`` is not allowed by a field's metadata (see :func:`knob`), or None."""
+    if value is None:
+        return None
+    if meta.get("choices") is not None and value not in meta["choices"]:
+        return "must be one of " + ", ".join(map(str, meta["choices"]))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            return "must be a finite number"
+        for key, ok, words in (("low", lambda b: value >= b, ">="), ("high", lambda b: value <= b, "<="),
+                               ("above", lambda b: value > b, ">"), ("below", lambda b: value < b, "<")):
+            bound = meta.get(key)
+            if bound is not None and not ok(bound):
+                return f"must be {words} {bound:g}"
+    return None
+
+
+def check_fields(obj: Any, prefix: str = "") -> None:
+    """Raise ValueError naming the first field of ``obj`` (and of the dataclasses in it) whose
+    value its metadata does not allow."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            check_fields(value, f"{prefix}{f.name}.")
+            continue
+        problem = problem_with(value, dict(f.metadata))
+        if problem:
+            raise ValueError(f"{prefix}{f.name}={value!r}: {problem}")
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    eval_fraction: float = knob(0.2, "share of conversations held out for evaluation (split by conversation)",
+                                low=0.0, below=1.0)
+    max_chars: int = knob(2000, "longest prompt or answer kept, in characters; longer items are dropped", low=1)
+    min_score_gap_siblings: float = knob(0.5, "smallest score difference that makes two answers to the same "
+                                         "question (regenerations) a preference pair", low=0.0)
+    min_score_gap_same_prompt: float = knob(1.0, "the same for answers to equal questions in different "
+                                            "conversations", low=0.0)
+    max_same_prompt_pairs_per_answer: int = knob(3, "pairs one answer may join across conversations", low=0)
+    seed: str = knob("rlhf", "seed of the train/eval split (a string: the split is a hash)")
+
+
+@dataclass(frozen=True)
+class RewardSettings:
+    epochs: float = knob(3.0, "passes over the preference pairs", above=0.0)
+    batch_size: int = knob(16, "pairs per step (fitted down to the data)", low=1)
+    learning_rate: float = knob(5e-4, "reward model learning rate", above=0.0, below=1.0)
+    max_length: int = knob(256, "tokens per prompt + answer (the start is cut, never the end)", low=8)
+    center_rewards_coefficient: float = knob(0.01, "pulls the mean reward toward 0 (TRL's centering)", low=0.0)
+    seed: int = knob(0, "training seed", low=0)
+    max_steps: int = knob(-1, "optimisation steps (-1: epochs decide)", low=-1)
+    min_steps: int = knob(40, "small datasets get more epochs, up to this many steps", low=0)
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    learning_rate: float = knob(3e-5, "policy learning rate", above=0.0, below=1.0)
+    batch_size: int = knob(16, "prompts per PPO/RLOO batch, rows per DPO/KTO step (fitted down to the data)", low=1)
+    mini_batches: int = knob(2, "PPO: mini-batches per batch (batch_size must be a multiple)", low=1)
+    ppo_epochs: int = knob(4, "PPO: passes over each batch", low=1)
+    episodes: int = knob(512, "PPO/RLOO rollouts (prompts sampled, with repetition)", low=1)
+    max_steps: int | None = knob(None, "cap on optimisation steps (none: episodes/epochs decide)", low=1)
+    response_length: int = knob(64, "PPO/RLOO: longest sampled answer, in tokens", low=1)
+    temperature: float = knob(0.8, "PPO/RLOO: sampling temperature of rollouts", above=0.0, high=5.0)
+    kl_coef: float = knob(0.05, "KL penalty coefficient against the reference model", low=0.0)
+    missing_eos_penalty: float = knob(1.0, "PPO/RLOO: reward subtracted from answers that never end", low=0.0)
+    beta: float = knob(0.1, "DPO/KTO: strength of the reference-model constraint", above=0.0)
+    epochs: float = knob(2.0, "DPO/KTO: passes over the data", above=0.0)
+    rloo_generations: int = knob(4, "RLOO: answers sampled per prompt", low=2)
+    lora: bool = knob(False, "train a LoRA adapter (served on the base's shared weights) instead of all weights")
+    lora_r: int = knob(16, "LoRA rank", low=1)
+    lora_merge: bool = knob(False, "with lora: save the merged model instead of the adapter")
+    seed: int = knob(0, "training seed", low=0)
+
+    def validate(self) -> "PolicySettings":
+        check_fields(self)
+        checks = [(self.batch_size % self.mini_batches == 0, "batch_size must be a multiple of mini_batches"),
+                  (self.episodes >= self.batch_size, "episodes must be >= batch_size")]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        return self
+
+
+@dataclass(frozen=True)
+class GateThresholds:
+    min_reward_gain: float = knob(0.0, "candidate mean reward minus parent mean reward must exceed this")
+    max_kl: float = knob(25.0, "largest KL from the parent, in nats per answer, on the candidate's own samples",
+                         above=0.0)
+    max_empty_rate: float = knob(0.1, "largest share of empty answers", low=0.0, high=1.0)
+    max_repetition: float = knob(0.5, "largest share of repeated word trigrams", low=0.0, high=1.0)
+    min_distinct2_ratio: float = knob(0.5, "candidate distinct-2 over parent distinct-2 must reach this", low=0.0)
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    samples_per_prompt: int = knob(2, "answers sampled per held-out prompt", low=1)
+    max_prompts: int = knob(64, "held-out prompts evaluated", low=1)
+    max_new_tokens: int = knob(64, "longest evaluated answer, in tokens", low=1)
+    temperature: float = knob(0.8, "sampling temperature of the evaluation", above=0.0, high=5.0)
+    seed: int = knob(1234, "sampling seed (the same for candidate and parent)", low=0)
+
+
+@dataclass(frozen=True)
+class CycleSettings:
+    algorithm: str = knob("ppo", "policy-training algorithm", choices=ALGORITHMS)
+    min_pairs: int = knob(8, "fewest preference pairs a reward model trains on", low=1)
+    min_prompts: int = knob(4, "fewest distinct prompts a PPO/RLOO run trains on", low=1)
+    data: DataSettings = field(default_factory=DataSettings)
+    reward: RewardSettings = field(default_factory=RewardSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    gate: GateThresholds = field(default_factory=GateThresholds)
+    evaluation: EvalSettings = field(default_factory=EvalSettings)
+    device: str = knob("auto", "auto, cpu, cuda or cuda:N")
+
+    def validate(self) -> "CycleSettings":
+        check_fields(self)
+        self.policy.validate()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
