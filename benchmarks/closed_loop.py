@@ -38,7 +38,7 @@ from tests.conftest import cached_model, make_app, register_model  # noqa: E402
 from tests.live_server import LiveServer  # noqa: E402
 from webapp.experiments import stats as ab_stats  # noqa: E402
 from webapp.core.extensions import db  # noqa: E402
-from webapp.core.models import Experiment, TrainingRun  # noqa: E402
+from webapp.core.models import Experiment, Message, ModelVersion, TrainingRun  # noqa: E402
 
 FEEDBACK_BUDGET = (200, 400)  # cumulative feedback events allowed before cycle 1 and cycle 2
 EVAL_PER_ARM = 250  # chat-only answers judged per arm (the monitor waits for as many before deciding)
@@ -93,6 +93,18 @@ def db_state(instance: Path):
                 for e in db.session.scalars(db.select(Experiment).order_by(Experiment.id))]
         db.session.remove()
     return runs, exps
+
+
+def answered_by(instance: Path, message_ids: list[int]) -> dict[int, str]:
+    """The version that wrote each answer, read from the database: the chat API keeps arms
+    blind, so a simulated user (like a real one) is never told."""
+    app = _APPS.setdefault(instance, make_app(instance))
+    with app.app_context():
+        rows = db.session.execute(db.select(Message.id, ModelVersion.name)
+                                  .join(ModelVersion, Message.model_version_id == ModelVersion.id)
+                                  .where(Message.id.in_(message_ids))).all()
+        db.session.remove()
+    return dict(rows)
 
 
 def wait_for(predicate, timeout: float, every: float = 1.0):
@@ -168,8 +180,10 @@ def run_preference(preference: str, model_dir: Path) -> dict:
             i, deadline = 0, time.time() + 600
             while min(map(len, judged.values())) < EVAL_PER_ARM and time.time() < deadline and i < 6 * EVAL_PER_ARM:
                 user = SimulatedUser(server.url, preference, seed=50_000 + cycle * 10_000 + i, rate=False)
-                for inter in user.ask(held_out[i % len(held_out)]):
-                    arm = {control_name: "control", variant_name: "variant"}.get(inter.model_version)
+                interactions = user.ask(held_out[i % len(held_out)])
+                versions = answered_by(instance, [inter.message_id for inter in interactions])
+                for inter in interactions:
+                    arm = {control_name: "control", variant_name: "variant"}.get(versions.get(inter.message_id))
                     if arm:
                         judged[arm].append(inter.satisfaction >= 0.5)
                     idle_latency.append(inter.latency_s)

@@ -5,6 +5,10 @@ questions from a prompt set and reacts to each answer the way people do: thumbs 
 how satisfied it is (with noise), sometimes a correction (an answer that satisfies the
 preference), sometimes a regenerate, and side-by-side votes when asked to compare. Used by the
 tests and by ``benchmarks/closed_loop.py``.
+
+Like real users they are never told which model version or A/B arm answered them (the chat API
+keeps arms blind); an evaluation that needs to know looks each answer's ``message_id`` up in the
+database.
 """
 from __future__ import annotations
 
@@ -34,8 +38,7 @@ class Interaction:
 
     question: str
     answer: str
-    arm: str | None
-    model_version: str | None
+    message_id: int  # the stored answer (its version and arm are in the database, not in the API)
     satisfaction: float
     latency_s: float
     events: int = 0  # feedback events this answer produced
@@ -54,7 +57,7 @@ class SimulatedUser:
         self.judge: PreferenceFn = preference(self.preference)
         self.http = requests.Session()
         data = self._get("/api/session")
-        self.csrf, self.user_id, self.arm = data["csrf_token"], data["user_id"], data["arm"]
+        self.csrf, self.user_id = data["csrf_token"], data["user_id"]
         self.compare_rate = data.get("compare_rate", 0.0)
         self.conversation: int | None = None
         self.history: list[Interaction] = []
@@ -109,7 +112,7 @@ class SimulatedUser:
             sa, sb = self._judge(question, a["content"]), self._judge(question, b["content"])
             winner = "a" if sa > sb else "b" if sb > sa else ("both_bad" if sa < 0.5 else "tie")
             self._post(f"/api/pairs/{data['pair_id']}/vote", {"winner": winner})
-            out = [Interaction(question, m["content"], m["arm"], m["model_version"], self.judge(question, m["content"]),
+            out = [Interaction(question, m["content"], m["id"], self.judge(question, m["content"]),
                                took / 2, 0) for m in (a, b)]
             out[0].events = 1
             self.history += out
@@ -118,17 +121,16 @@ class SimulatedUser:
         answer = data["assistant_message"]
         took = time.perf_counter() - started
         sat = self._judge(question, answer["content"])
-        inter = Interaction(question, answer["content"], answer["arm"], answer["model_version"],
-                            self.judge(question, answer["content"]), took, self._rate(answer["id"], question, sat))
+        inter = Interaction(question, answer["content"], answer["id"], self.judge(question, answer["content"]), took,
+                            self._rate(answer["id"], question, sat))
         result = [inter]
         if self.rate and sat < 0.5 and self.rng.random() < self.behaviour.regenerate_prob:
             started = time.perf_counter()
             again = self._post(f"/api/messages/{answer['id']}/regenerate", {"stream": False})["assistant_message"]
             took = time.perf_counter() - started
             sat2 = self._judge(question, again["content"])
-            result.append(Interaction(question, again["content"], again["arm"], again["model_version"],
-                                      self.judge(question, again["content"]), took,
-                                      self._rate(again["id"], question, sat2)))
+            result.append(Interaction(question, again["content"], again["id"], self.judge(question, again["content"]),
+                                      took, self._rate(again["id"], question, sat2)))
         self.history += result
         return result
 

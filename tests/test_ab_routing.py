@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import ApiClient, make_app, register_model
 from webapp.experiments.assignment import arm_for, gb_hash
 from webapp.core.extensions import db
-from webapp.core.models import Assignment, Experiment, ModelVersion
+from webapp.core.models import Assignment, Experiment, Message, ModelVersion
 
 # growthbook/growthbook packages/sdk-js/test/cases.json, "hash": [seed, value, version, expected]
 GROWTHBOOK_HASH_CASES = [
@@ -61,39 +61,65 @@ def two_versions(tmp_path, micro_model_dir):
     return inst
 
 
+IDENTITY_KEYS = {"experiment", "arm", "model_version"}
+
+
+def stored_arms(app) -> dict[int, str]:
+    """user id -> arm, as assigned in the database (users themselves are never told: blind arms)."""
+    with app.app_context():
+        arms = dict(db.session.execute(db.select(Assignment.user_id, Assignment.arm)).all())
+        db.session.remove()
+        return arms
+
+
+def answer_arm(app, api: ApiClient) -> tuple[str, str | None]:
+    """Ask one question as ``api``'s user; (version name, arm) of the stored answer."""
+    conv = api.post("/api/conversations", json={}).get_json()["id"]
+    resp = api.post(f"/api/conversations/{conv}/messages", json={"content": "How do I cook rice?", "stream": False})
+    assert resp.status_code == 201
+    answer = resp.get_json()["assistant_message"]
+    assert not IDENTITY_KEYS & set(answer)
+    with app.app_context():
+        msg = db.session.get(Message, answer["id"])
+        return msg.model_version.name, msg.arm
+
+
 def test_assignment_is_sticky_across_restarts_and_split_changes(two_versions):
     app = make_app(two_versions)
     clients = [app.test_client() for _ in range(60)]
-    first = {}
+    users = []
     for c in clients:
         data = c.get("/api/session").get_json()
-        first[data["user_id"]] = data["arm"]
-        assert data["experiment"] == "sticky"
-        assert data["arm"] == arm_for("sticky", str(data["user_id"]), 0.5)  # hashed on the stable user id
+        assert not IDENTITY_KEYS & set(data)  # assigned on arrival, never told which arm
+        users.append(data["user_id"])
+    first = stored_arms(app)
+    assert sorted(first) == sorted(users)
+    for user_id, arm in first.items():
+        assert arm == arm_for("sticky", str(user_id), 0.5)  # hashed on the stable user id
     assert set(first.values()) == {"control", "variant"}
 
-    restarted = make_app(two_versions)  # a new process: same cookies, same arms
+    restarted = make_app(two_versions, RLHF_MAX_NEW_TOKENS=4)  # a new process: same cookies, same arms
     with restarted.app_context():
         db.session.query(Experiment).filter_by(key="sticky").update({"traffic_split": 0.01})
         db.session.commit()
-    for c in clients:
+    for c, user_id in zip(clients, users):
         c.application = restarted
-        data = c.get("/api/session").get_json()
-        assert data["arm"] == first[data["user_id"]]  # the changed split moves nobody already assigned
-    with restarted.app_context():
-        assert db.session.query(Assignment).count() == 60
+        if first[user_id] == "variant":  # the changed split moves nobody already assigned
+            assert answer_arm(restarted, ApiClient(c)) == ("v2-ppo", "variant")
+    assert stored_arms(restarted) == first
     # new users follow the new split
-    newcomers = [ApiClient(restarted.test_client()).get("/api/session").get_json()["arm"] for _ in range(30)]
-    assert newcomers.count("variant") <= 3
+    newcomers = [ApiClient(restarted.test_client()).user_id for _ in range(30)]
+    arms = stored_arms(restarted)
+    assert [arms[u] for u in newcomers].count("variant") <= 3
 
 
 def test_no_running_experiment_means_active_version_for_everyone(two_versions):
-    app = make_app(two_versions)
+    app = make_app(two_versions, RLHF_MAX_NEW_TOKENS=4)
     with app.app_context():
         db.session.query(Experiment).update({"status": "stopped"})
         db.session.commit()
-    data = app.test_client().get("/api/session").get_json()
-    assert (data["experiment"], data["arm"], data["model_version"]) == (None, None, "v1-base")
+    api = ApiClient(app.test_client())
+    assert answer_arm(app, api) == ("v1-base", None)
     with app.app_context():
         assert db.session.query(Assignment).count() == 0
         assert db.session.get(ModelVersion, 1).status == "active"

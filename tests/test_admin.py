@@ -240,13 +240,15 @@ def test_conclude_promote_serves_new_users_the_variant(setup):
     assert resp.status_code == 200 and resp.get_json()["decision"] == "promote"
     assert versions(app) == {"v1-base": "retired", "v2-ppo": "active", "v3-ppo": "failed"}
     newcomer = app.test_client().get("/api/session").get_json()
-    assert (newcomer["experiment"], newcomer["model_version"]) == (None, "v2-ppo")
+    assert not {"experiment", "arm", "model_version"} & set(newcomer)  # users are never told (blind arms)
+    seen = admin.get("/api/session").get_json()  # an admin is told
+    assert (seen["experiment"], seen["model_version"]) == (None, "v2-ppo")
     # roll back: the previous version serves again
     assert admin.post("/api/admin/versions/1/rollback").status_code == 409  # not the active one
     back = admin.post("/api/admin/versions/2/rollback")
     assert back.status_code == 200 and back.get_json()["active"]["name"] == "v1-base"
     assert versions(app) == {"v1-base": "active", "v2-ppo": "retired", "v3-ppo": "failed"}
-    assert app.test_client().get("/api/session").get_json()["model_version"] == "v1-base"
+    assert admin.get("/api/session").get_json()["model_version"] == "v1-base"
     assert admin.post("/api/admin/versions/2/promote").get_json()["version"]["status"] == "active"
     assert admin.post("/api/admin/versions/99/promote").status_code == 404
     actions = [e["action"] for e in admin.get("/api/admin/audit").get_json()["events"]]

@@ -95,14 +95,16 @@ def test_admin_reads_experiment_promotes_and_rolls_back(browser, admin_server):
     page.wait_for_selector(".status-concluded")
     page.goto(url + "/admin/")
     assert page.locator("[data-testid=active-version]").inner_text() == "v2-ppo"
-    assert requests.get(url + "/api/session").json()["model_version"] == "v2-ppo"
+    session = "fetch('/api/session').then(r => r.json())"  # as the logged-in admin: with the version
+    assert page.evaluate(session)["model_version"] == "v2-ppo"
+    assert "model_version" not in requests.get(url + "/api/session").json()  # users are never told (blind arms)
 
     # roll back from the versions page
     page.goto(url + "/admin/versions")
     page.click("tr[data-version=v2-ppo] button[data-action=rollback]")
     page.wait_for_selector("tr[data-version=v1-base] .status-active")
     assert page.locator("tr[data-version=v2-ppo] .status").inner_text() == "retired"
-    assert requests.get(url + "/api/session").json()["model_version"] == "v1-base"
+    assert page.evaluate(session)["model_version"] == "v1-base"
 
     # decision history on the overview
     page.goto(url + "/admin/")

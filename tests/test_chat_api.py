@@ -83,6 +83,9 @@ def test_title_is_cleaned_from_the_first_question(question, title):
 
 # ---------------------------------------------------------------------------- answering
 
+IDENTITY = {"model_version", "arm", "model_version_id", "experiment_id", "experiment"}  # admins only (blind arms)
+
+
 def test_streamed_answer_is_stored_with_version_latency_and_tokens(app, api, conv):
     resp = api.post(f"/api/conversations/{conv}/messages", json={"content": "How do I cook rice?"})
     assert resp.status_code == 200 and resp.mimetype == "text/event-stream"
@@ -91,8 +94,8 @@ def test_streamed_answer_is_stored_with_version_latency_and_tokens(app, api, con
     assert kinds[-1] == "done" and set(kinds[:-1]) <= {"token"}
     done = events[-1][1]
     streamed = "".join(d["text"] for e, d in events if e == "token")
-    assert set(done) >= {"user_message_id", "message_id", "model_version", "arm"}
-    assert done["model_version"] == "v1-base" and done["arm"] is None
+    assert set(done) >= {"user_message_id", "message_id", "finish_reason", "token_count", "latency_ms", "content"}
+    assert not IDENTITY & set(done)  # the user is not told which version answered
     with app.app_context():
         question = db.session.get(Message, done["user_message_id"])
         answer = db.session.get(Message, done["message_id"])
@@ -110,7 +113,7 @@ def test_non_streamed_answer_and_history_follow_parents(api, conv):
     assert second["assistant_message"]["parent_id"] == second["user_message"]["id"]
     msgs = api.get(f"/api/conversations/{conv}").get_json()["messages"]
     assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant"]
-    assert all(set(m) >= {"id", "role", "content", "parent_id", "model_version", "arm", "created_at", "feedback"}
+    assert all(set(m) == {"id", "role", "content", "parent_id", "latency_ms", "token_count", "created_at", "feedback"}
                for m in msgs)
 
 
@@ -327,8 +330,10 @@ def test_compare_and_vote(app, api, conv):
     assert resp.status_code == 201
     data = resp.get_json()
     assert data["a"]["parent_id"] == data["b"]["parent_id"] == data["user_message"]["id"]
+    assert not IDENTITY & (set(data["a"]) | set(data["b"]))  # "A" and "B", nothing more
     vote = api.post(f"/api/pairs/{data['pair_id']}/vote", json={"winner": "b"})
     assert vote.status_code == 200 and vote.get_json()["continue_from"] == data["b"]["id"]
+    assert set(vote.get_json()) == {"pair", "continue_from"}  # nor after the vote
     # the chosen answer continues the conversation
     follow = ask(api, conv, "And what next?")
     assert follow["user_message"]["parent_id"] == data["b"]["id"]
@@ -442,10 +447,11 @@ def test_experiment_arm_and_version_recorded_on_every_answer(app, api, conv, mic
         stored = db.session.get(Message, answer["id"])
         assert stored.arm == assignment.arm and stored.experiment_id == exp_id
         expected = "v2-ppo" if assignment.arm == "variant" else "v1-base"
-        assert stored.model_version.name == expected == answer["model_version"]
-    session = api.get("/api/session").get_json()
-    assert (session["experiment"], session["arm"]) == ("exp-arms", assignment.arm)
+        assert stored.model_version.name == expected
+    assert not IDENTITY & set(answer)  # stored, never told (blind arms)
     # compare while an experiment runs: one answer from each arm
     pair = api.post(f"/api/conversations/{conv}/compare", json={"content": "Hi"}).get_json()
-    assert {pair["a"]["arm"], pair["b"]["arm"]} == {"control", "variant"}
-    assert {pair["a"]["model_version"], pair["b"]["model_version"]} == {"v1-base", "v2-ppo"}
+    with app.app_context():
+        sides = [db.session.get(Message, pair[side]["id"]) for side in ("a", "b")]
+        assert {m.arm for m in sides} == {"control", "variant"}
+        assert {m.model_version.name for m in sides} == {"v1-base", "v2-ppo"}

@@ -25,18 +25,28 @@ from tests.conftest import runs_and_versions as state
 from tests.feedback_factory import seed_feedback
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
-from webapp.core.models import AuditEvent, Message, ModelVersion, TrainingRun
+from webapp.core.models import Assignment, AuditEvent, Message, ModelVersion, TrainingRun
 
 FAST = {"RLHF_PPO_EPISODES": "32", "RLHF_POLICY_LR": "1e-3", "RLHF_DEVICE": "cpu"}
 
 
-def dashboard(app) -> str:
-    """The admin overview's HTML, as a logged-in admin sees it."""
+def admin_client(app):
+    """A test client logged in as the admin "root"."""
     client = app.test_client()
     token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/admin/login").get_data(as_text=True)).group(1)
     resp = client.post("/admin/login", data={"username": "root", "password": "correct horse", "csrf_token": token})
     assert resp.status_code == 302
-    return client.get("/admin/").get_data(as_text=True)
+    return client
+
+
+def dashboard(app) -> str:
+    """The admin overview's HTML, as a logged-in admin sees it."""
+    return admin_client(app).get("/admin/").get_data(as_text=True)
+
+
+def admin_health(app) -> dict:
+    """``/api/health`` as an admin sees it (visitors get the status alone: blind arms)."""
+    return admin_client(app).get("/api/health").get_json()
 
 
 # ---------------------------------------------------------------------------- a broken active version
@@ -96,10 +106,9 @@ def test_broken_active_version_is_served_by_the_last_good_version(app, api, line
     status, body = answer(api)
     assert status == 201, body
     msg = body["assistant_message"]
-    assert msg["model_version"] == "v2-ppo"
     assert answered_by(app, msg["id"]) == ("v2-ppo", None)  # the version that really answered
     status, (event, done) = answer(api, stream=True)
-    assert (status, event, done["model_version"]) == (200, "done", "v2-ppo")
+    assert (status, event) == (200, "done")
     assert answered_by(app, done["message_id"])[0] == "v2-ppo"
     assert answer(api)[0] == 201
 
@@ -109,7 +118,8 @@ def test_broken_active_version_is_served_by_the_last_good_version(app, api, line
         problem = v3.metrics["unservable"]
         assert problem["serving"] == "v2-ppo" and "could not be loaded" in problem["error"]
     assert audit_actions(app) == [("version_unservable", "v3-ppo")]  # recorded once, not per request
-    health = api.get("/api/health").get_json()
+    assert api.get("/api/health").get_json() == {"status": "degraded"}  # a visitor: the status alone
+    health = admin_health(app)
     assert health["status"] == "degraded" and health["model_version"] == "v3-ppo" and health["serving"] == "v2-ppo"
 
     page = dashboard(app)
@@ -122,12 +132,13 @@ def test_broken_active_version_is_served_by_the_last_good_version(app, api, line
     shutil.copytree(micro_model_dir, v3_path)
     (v3_path / "version.json").write_text("{}")
     status, body = answer(api)
-    assert status == 201 and body["assistant_message"]["model_version"] == "v3-ppo"
+    assert status == 201
     assert answered_by(app, body["assistant_message"]["id"]) == ("v3-ppo", None)
     with app.app_context():
         assert "unservable" not in db.session.get(ModelVersion, lineage["v3-ppo"][0]).metrics
     assert audit_actions(app) == [("version_unservable", "v3-ppo"), ("version_recovered", "v3-ppo")]
-    assert api.get("/api/health").get_json() == {"status": "ok", "model_version": "v3-ppo"}
+    assert api.get("/api/health").get_json() == {"status": "ok"}
+    assert admin_health(app) == {"status": "ok", "model_version": "v3-ppo"}
     assert "serving-warning" not in dashboard(app)
 
 
@@ -135,18 +146,19 @@ def test_fallback_walks_back_to_the_base_and_503_only_when_nothing_loads(app, ap
     break_version(lineage["v3-ppo"][1], "garbage_weights")
     break_version(lineage["v2-ppo"][1], "missing_dir")
     status, body = answer(api)
-    assert status == 201 and body["assistant_message"]["model_version"] == "v1-base"
+    assert status == 201 and answered_by(app, body["assistant_message"]["id"])[0] == "v1-base"
     break_version(lineage["v1-base"][1], "no_config")
     status, body = answer(api)  # v1-base is already in memory: it keeps answering
-    assert status == 201 and body["assistant_message"]["model_version"] == "v1-base"
+    assert status == 201 and answered_by(app, body["assistant_message"]["id"])[0] == "v1-base"
 
     fresh = make_app(Path(app.config["INSTANCE_DIR"]))  # a new worker process: nothing loaded
     fresh_api = type(api)(fresh.test_client())
     status, body = answer(fresh_api)
-    assert status == 503 and "v3-ppo cannot be loaded" in body["error"]
+    assert status == 503 and "cannot be loaded" in body["error"]
+    assert "v3-ppo" not in body["error"]  # the user is not told which version (the admin overview says)
     page = dashboard(fresh)
     assert 'data-version="v3-ppo"' in page and "No earlier version can be loaded either" in page
-    assert fresh_api.get("/api/health").get_json()["serving"] is None
+    assert admin_health(fresh)["serving"] is None
 
 
 def test_broken_variant_answers_from_its_parent_outside_the_experiment(app, api, lineage):
@@ -155,9 +167,10 @@ def test_broken_variant_answers_from_its_parent_outside_the_experiment(app, api,
     with app.app_context():
         create_experiment("exp", lineage["v2-ppo"][0], lineage["v3-ppo"][0], 0.99, actor="test")
     break_version(lineage["v3-ppo"][1], "truncated_weights")
-    assert api.get("/api/session").get_json()["arm"] == "variant"  # 99 % of users, this one included
     status, body = answer(api)
-    assert status == 201 and body["assistant_message"]["model_version"] == "v2-ppo"
+    assert status == 201
+    with app.app_context():  # 99 % of users are in the variant, this one included
+        assert db.session.scalars(db.select(Assignment.arm).filter_by(user_id=api.user_id)).one() == "variant"
     # an answer the variant's model never gave must not count for the variant arm
     assert answered_by(app, body["assistant_message"]["id"]) == ("v2-ppo", None)
     assert 'data-version="v3-ppo"' in dashboard(app)
@@ -280,7 +293,8 @@ def test_writer_killed_mid_save_leaves_only_a_temporary(tmp_path, micro_model_di
 
 class Chatter(threading.Thread):
     """Keeps asking the live server questions (fresh users now and then, below the per-user
-    rate limit); records (time, status, answering version)."""
+    rate limit); records (time, status, answer id or error). Which version answered is read from
+    the database afterwards (:func:`answering_versions`): users are not told."""
 
     def __init__(self, url: str):
         super().__init__(daemon=True)
@@ -298,13 +312,20 @@ class Chatter(threading.Thread):
                     r = s.post(f"{self.url}/api/conversations/{conv['id']}/messages", timeout=60,
                                json={"content": "How do I water tomatoes?", "stream": False},
                                headers={"X-CSRFToken": csrf})
-                    version = r.json()["assistant_message"]["model_version"] if r.status_code == 201 else r.text
-                    self.results.append((time.monotonic(), r.status_code, version))
+                    answer = r.json()["assistant_message"]["id"] if r.status_code == 201 else r.text
+                    self.results.append((time.monotonic(), r.status_code, answer))
                 except requests.RequestException as exc:
                     self.results.append((time.monotonic(), 0, repr(exc)))
 
     def between(self, start: float, end: float) -> list[tuple]:
         return [r for r in self.results if start <= r[0] < end]
+
+
+def answering_versions(inst: Path) -> dict[int, str]:
+    """answer id -> the name of the version that wrote it."""
+    with sqlite3.connect(inst / "rlhf.db", timeout=10) as con:
+        return dict(con.execute("SELECT m.id, v.name FROM messages m JOIN model_versions v "
+                                "ON m.model_version_id = v.id WHERE m.role = 'assistant'").fetchall())
 
 
 def run_row(inst: Path):
@@ -377,7 +398,8 @@ def test_killed_training_process_never_interrupts_serving(tmp_path, micro_model_
         before, during, after = (chatter.between(t0, t_kill), chatter.between(t_kill, t_next),
                                  chatter.between(t_next, float("inf")))
         results = chatter.results
-        assert all(status == 201 and version == "v1-base" for _, status, version in results), \
+        versions = answering_versions(inst)
+        assert all(status == 201 and versions.get(answer) == "v1-base" for _, status, answer in results), \
             [r for r in results if r[1] != 201][:5]
         assert before and during and after
         gaps = [b[0] - a[0] for a, b in zip(results, results[1:])]

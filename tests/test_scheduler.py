@@ -13,7 +13,8 @@ from tests.feedback_factory import seed_feedback
 from tests.live_server import LiveServer
 from webapp.training import scheduler as sched
 from webapp.core.extensions import db
-from webapp.core.models import AuditEvent, Experiment, Feedback, Message, ModelVersion, TrainingRun, User, Conversation
+from webapp.core.models import (Assignment, AuditEvent, Conversation, Experiment, Feedback, Message, ModelVersion,
+                                TrainingRun, User)
 from webapp.experiments.promotion import PromotionPolicy, decide
 
 pytestmark = pytest.mark.slow
@@ -228,7 +229,11 @@ def test_small_loop_closes_by_itself(tmp_path, micro_model_dir):
         with app.app_context():
             run = db.session.scalars(db.select(TrainingRun)).one()
             assert (run.trigger, run.status) == ("schedule", "succeeded")
-        arms = {SimulatedUser(server.url, "polite", seed=100 + i, rate=False).arm for i in range(12)}
+        for i in range(12):  # each new user is assigned an arm on arrival (and is not told which)
+            SimulatedUser(server.url, "polite", seed=100 + i, rate=False)
+        with app.app_context():
+            db.session.remove()
+            arms = set(db.session.scalars(db.select(Assignment.arm).filter_by(experiment_id=exp.id)))
         assert arms == {"control", "variant"}  # new users are routed into the experiment
     finally:
         server.stop()

@@ -15,7 +15,7 @@ def test_fresh_instance_serves_after_building_its_model(tmp_path):
         assert data["user_id"] >= 1 and data["csrf_token"]
         assert "session" in s.cookies
         health = s.get(server.url + "/api/health", timeout=10).json()
-        assert health == {"status": "ok", "model_version": "v1-base"}
+        assert health == {"status": "ok"}  # the version's name is for admins (blind arms)
         log = server.log()
         assert "train" in log  # the build showed its progress
         assert (tmp_path / "instance" / "rlhf.db").is_file()

@@ -10,8 +10,9 @@ def test_new_visitor_gets_a_user_and_a_signed_cookie(app, client):
     resp = client.get("/api/session")
     assert resp.status_code == 200
     data = resp.get_json()
-    assert set(data) >= {"user_id", "csrf_token", "experiment", "arm", "is_admin"}
-    assert data["is_admin"] is False and data["csrf_token"]
+    # blind arms: no experiment, arm or model version for a visitor
+    assert set(data) == {"user_id", "csrf_token", "is_admin", "compare_rate"}
+    assert data["is_admin"] is False and data["csrf_token"] and data["compare_rate"] == 0.0
     cookie = resp.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
     with app.app_context():
@@ -66,6 +67,7 @@ def test_wrong_method_is_json_405_with_allow_header(client):
     assert resp.is_json and resp.get_json()["error"]
 
 
-def test_health_names_the_active_version(client):
-    data = client.get("/api/health").get_json()
-    assert data == {"status": "ok", "model_version": "v1-base"}
+def test_health_tells_visitors_the_status_only(client):
+    """The active version is the control arm of a running experiment: only admins are told its
+    name (tests/test_blind_arms.py)."""
+    assert client.get("/api/health").get_json() == {"status": "ok"}

@@ -22,6 +22,7 @@
     toast: $("toast"), badge: $("model-badge"), charCount: $("char-count"), announcer: $("announcer"),
     sidebar: $("sidebar"), main: $("chat-main"), menu: $("menu-button"), drawerClose: $("drawer-close"),
     backdrop: $("drawer-backdrop"), headerNew: $("header-new-chat"), scrollDown: $("scroll-down"),
+    badgeBox: $("sidebar-footer"),
   };
   const maxChars = parseInt(document.body.dataset.maxChars || "4000", 10);
   const narrow = window.matchMedia("(max-width: 720px)");
@@ -115,8 +116,12 @@
     const data = await api("GET", "/api/session");
     state.csrf = data.csrf_token;
     state.compareRate = data.compare_rate || 0;
-    const arm = data.arm ? ` · ${data.arm}` : "";
-    els.badge.textContent = data.model_version ? `Model ${data.model_version}${arm}` : "Model loading...";
+    // Arms are blind: only an admin is told the version and arm (the badge stays hidden for everyone else).
+    if (data.is_admin) {
+      const arm = data.arm ? ` · ${data.arm}` : "";
+      els.badge.textContent = data.model_version ? `Model ${data.model_version}${arm}` : "No model yet";
+      els.badgeBox.hidden = false;
+    }
   }
 
   async function refreshList() {
@@ -505,7 +510,7 @@
     regen.disabled = state.busy;
     regen.addEventListener("click", () => regenerate(m));
 
-    const meta = [];
+    const meta = []; // the version and arm come with an answer for admins only (blind arms)
     if (m.model_version) meta.push(m.model_version);
     if (m.arm) meta.push(m.arm);
     node.querySelector(".meta").textContent = meta.join(" \u00b7 ");
@@ -673,6 +678,9 @@
     try {
       const data = await api("POST", `/api/pairs/${pair.id}/vote`, { winner });
       state.conv.comparisons.set(pair.prompt_message_id, data.pair);
+      if (data.answerers) { // admins only, once the vote is in: which side was which model
+        for (const side of ["a", "b"]) Object.assign(state.conv.messages.get(data.pair[side]) || {}, data.answerers[side]);
+      }
       state.selected.set(pair.prompt_message_id, data.continue_from);
       render();
       els.input.focus();

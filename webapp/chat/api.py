@@ -3,6 +3,10 @@
 Callers only ever see their own conversations: anything else is a 404, exactly as if it did
 not exist. Generation happens before anything is written where possible, and a failed
 generation removes what the request wrote, so no half-finished exchange is ever stored.
+
+Arms are blind: no answer, stream event, compare or vote tells an end user which model version
+or A/B arm answered. Admins see them, except on a compare until its vote is in (see
+:func:`webapp.chat.conversations.sees_arms`).
 """
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ from werkzeug.exceptions import BadRequest, NotFound, ServiceUnavailable
 
 from rlhf.generation import GenerationResult, LoadedModel, generate_chat, generate_chats, stream_chat
 
-from webapp.chat.conversations import (add_question, comparison_dict, conversation_summary, message_dict,
-                                       own_answer_of_visitor, own_conversation, own_message, resolve_parent)
+from webapp.chat.conversations import (add_question, answerer_dict, comparison_dict, conversation_summary,
+                                       message_dict, own_answer_of_visitor, own_conversation, own_message,
+                                       resolve_parent, sees_arms)
 from webapp.chat.feedback import save_feedback
 from webapp.core.extensions import db
 from webapp.core.identity import current_visitor
@@ -71,7 +76,11 @@ def get_conversation(conversation_id: int):
         db.select(Feedback).filter(Feedback.user_id == user.id, Feedback.message_id.in_(ids)))} if ids else {}
     comparisons = db.session.scalars(db.select(Comparison).filter(Comparison.prompt_message_id.in_(ids))
                                      .order_by(Comparison.id)).all() if ids else []
-    return jsonify(**conversation_summary(conv), messages=[message_dict(m, feedback.get(m.id)) for m in messages],
+    reveal = sees_arms()
+    # the two sides of a compare nobody voted on yet stay "A" and "B", even to an admin
+    undecided = {i for c in comparisons if c.winner is None for i in (c.message_a_id, c.message_b_id)}
+    return jsonify(**conversation_summary(conv),
+                   messages=[message_dict(m, feedback.get(m.id), reveal and m.id not in undecided) for m in messages],
                    comparisons=[comparison_dict(c) for c in comparisons])
 
 
@@ -120,6 +129,7 @@ def _answer(user_msg: Message, route: Route, loaded: LoadedModel, stream: bool, 
     messages = history(user_msg)
     settings = generation_settings()
     user_msg_id = user_msg.id
+    reveal = sees_arms()  # before generating: a streamed answer outlives the request
     # An answer takes a while: end the read transaction so that no database connection (nor, on
     # SQLite, a read snapshot that holds back WAL checkpoints) is held while it is generated.
     db.session.commit()
@@ -138,8 +148,8 @@ def _answer(user_msg: Message, route: Route, loaded: LoadedModel, stream: bool, 
             discard_question()
             raise ServiceUnavailable(f"The model failed to answer ({type(exc).__name__}); please try again.") from exc
         answer = _save_answer(user_msg_id, route, result)
-        return jsonify(user_message=message_dict(db.session.get(Message, user_msg_id)),
-                       assistant_message=message_dict(answer)), 201
+        return jsonify(user_message=message_dict(db.session.get(Message, user_msg_id), reveal=reveal),
+                       assistant_message=message_dict(answer, reveal=reveal)), 201
 
     handle = stream_chat(loaded, messages, settings)
 
@@ -166,10 +176,12 @@ def _answer(user_msg: Message, route: Route, loaded: LoadedModel, stream: bool, 
         result = handle.result
         assert result is not None
         answer = _save_answer(user_msg_id, route, result)
-        yield _sse("done", {"user_message_id": user_msg_id, "message_id": answer.id,
-                            "model_version": route.version_name, "arm": route.arm,
-                            "finish_reason": result.finish_reason, "token_count": result.token_count,
-                            "latency_ms": round(result.latency_ms, 1), "content": answer.content})
+        done = {"user_message_id": user_msg_id, "message_id": answer.id, "finish_reason": result.finish_reason,
+                "token_count": result.token_count, "latency_ms": round(result.latency_ms, 1),
+                "content": answer.content}
+        if reveal:
+            done.update(model_version=route.version_name, arm=route.arm)
+        yield _sse("done", done)
 
     return Response(stream_with_context(events()), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -301,6 +313,7 @@ def compare(conversation_id: int):
                       message_b_id=answer_b.id)
     db.session.add(pair)
     db.session.commit()
+    # anonymous to everyone until the vote: "a" and "b" say nothing of their version or arm
     return jsonify(pair_id=pair.id, user_message=message_dict(user_msg), a=message_dict(answer_a),
                    b=message_dict(answer_b)), 201
 
@@ -321,4 +334,9 @@ def vote(pair_id: int):
     pair.voted_at = utcnow()
     db.session.commit()
     chosen = pair.message_b_id if winner == "b" else pair.message_a_id
-    return jsonify(pair=comparison_dict(pair), continue_from=chosen)
+    if not sees_arms():
+        return jsonify(pair=comparison_dict(pair), continue_from=chosen)
+    # after the vote an admin may learn which side was which model
+    return jsonify(pair=comparison_dict(pair), continue_from=chosen,
+                   answerers={"a": answerer_dict(db.session.get(Message, pair.message_a_id)),
+                              "b": answerer_dict(db.session.get(Message, pair.message_b_id))})

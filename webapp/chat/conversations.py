@@ -1,5 +1,10 @@
 """Conversations and messages as their owner sees them: lookups that 404 on anyone else's,
-where a new message attaches, titles, and the JSON shapes the chat API answers with."""
+where a new message attaches, titles, and the JSON shapes the chat API answers with.
+
+Arms are blind: an answer's JSON names the model version and A/B arm that wrote it only to an
+admin (:func:`sees_arms`), and never while the answer is one side of a compare nobody voted on
+yet. End users never learn which arm or version answered them, so neither their ratings nor
+their votes can lean on the name (as in Chatbot Arena, where identities stay hidden)."""
 from __future__ import annotations
 
 import re
@@ -10,6 +15,7 @@ from flask_login import current_user
 from werkzeug.exceptions import BadRequest, NotFound
 
 from webapp.core.extensions import db
+from webapp.core.identity import is_admin
 from webapp.core.models import Comparison, Conversation, Feedback, Message, User, iso
 from webapp.core.validation import optional_id
 
@@ -21,17 +27,34 @@ def feedback_dict(fb: Feedback | None) -> dict[str, Any] | None:
             "reasons": fb.reasons or [], "updated_at": iso(fb.updated_at)}
 
 
-def message_dict(m: Message, fb: Feedback | None = None) -> dict[str, Any]:
-    return {"id": m.id, "role": m.role, "content": m.content, "parent_id": m.parent_id,
-            "model_version": m.model_version.name if m.model_version else None, "arm": m.arm,
-            "latency_ms": round(m.latency_ms, 1) if m.latency_ms is not None else None,
-            "token_count": m.token_count, "created_at": iso(m.created_at),
-            "feedback": feedback_dict(fb) if m.role == "assistant" else None}
+def sees_arms() -> bool:
+    """Whether the caller may learn which model version and A/B arm answered: admins only."""
+    return is_admin()
+
+
+def message_dict(m: Message, fb: Feedback | None = None, reveal: bool = False) -> dict[str, Any]:
+    """A message as the chat API shows it. ``reveal`` (an admin, see :func:`sees_arms`) adds
+    ``model_version`` and ``arm``; without it nothing says which version or arm wrote it."""
+    out = {"id": m.id, "role": m.role, "content": m.content, "parent_id": m.parent_id,
+           "latency_ms": round(m.latency_ms, 1) if m.latency_ms is not None else None,
+           "token_count": m.token_count, "created_at": iso(m.created_at),
+           "feedback": feedback_dict(fb) if m.role == "assistant" else None}
+    if reveal:
+        out["model_version"] = m.model_version.name if m.model_version else None
+        out["arm"] = m.arm
+    return out
 
 
 def comparison_dict(c: Comparison) -> dict[str, Any]:
     return {"id": c.id, "prompt_message_id": c.prompt_message_id, "a": c.message_a_id, "b": c.message_b_id,
             "winner": c.winner}
+
+
+def answerer_dict(m: Message | None) -> dict[str, Any]:
+    """Which version and arm wrote an answer (admins only, after a vote)."""
+    if m is None:
+        return {"model_version": None, "arm": None}
+    return {"model_version": m.model_version.name if m.model_version else None, "arm": m.arm}
 
 
 def conversation_summary(c: Conversation) -> dict[str, Any]:

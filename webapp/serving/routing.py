@@ -204,7 +204,9 @@ def serve(route: Route) -> tuple[Route, LoadedModel]:
             _record_problem(route, error or "cannot be loaded", fallback)
             return fallback, fallback_loaded
     _record_problem(route, error or "cannot be loaded", None)
-    raise ServiceUnavailable(f"Model version {route.version_name} cannot be loaded right now.")
+    # no version name: users are not told which version (or arm) serves them; the admin
+    # overview and the log name it
+    raise ServiceUnavailable("The model cannot be loaded right now; please try again later.")
 
 
 def serving_problems() -> list[dict[str, Any]]:
