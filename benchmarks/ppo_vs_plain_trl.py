@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from benchmarks.stage_timing import preference_pairs, stage_result, time_side_by_side  # noqa: E402
 from rlhf import corpus  # noqa: E402
-from rlhf.policy_training import PromotionPolicy, train_ppo  # noqa: E402
+from rlhf.policy_training import PolicySettings, train_ppo  # noqa: E402
 from rlhf.reward_model import RewardSettings, train_reward_model  # noqa: E402
 from tests.conftest import cached_model  # noqa: E402
 
@@ -36,7 +36,7 @@ TARGET_RATIO = 1.05
 
 
 def plain_trl_ppo(policy_dir: Path, reward_dir: Path, prompts: list[list[dict]], out_dir: Path,
-                  s: PromotionPolicy) -> None:
+                  s: PolicySettings) -> None:
     from trl.experimental.ppo import PPOConfig, PPOTrainer
 
     torch.manual_seed(s.seed)
@@ -72,7 +72,7 @@ def main() -> None:
     pairs = preference_pairs(120, 0)
     train_reward_model(policy_dir, pairs, [], work / "reward", RewardSettings(), device="cpu")
     prompts = [[{"role": "user", "content": q}] for q in corpus.sample_prompts(128)]
-    settings = PromotionPolicy(episodes=args.episodes)
+    settings = PolicySettings(episodes=args.episodes)
 
     def ours(i: int) -> None:
         train_ppo(policy_dir, work / "reward", prompts, work / f"ours-{i}", settings, device="cpu")
@@ -81,7 +81,7 @@ def main() -> None:
         plain_trl_ppo(policy_dir, work / "reward", prompts, work / f"plain-{i}", settings)
 
     # warm-up: both once, one PPO batch, so that first-use costs (imports, lazy initialisation) land on neither
-    short = PromotionPolicy(episodes=settings.batch_size, max_steps=1)
+    short = PolicySettings(episodes=settings.batch_size, max_steps=1)
     train_ppo(policy_dir, work / "reward", prompts, work / "warm-ours", short, device="cpu")
     plain_trl_ppo(policy_dir, work / "reward", prompts, work / "warm-plain", short)
     result = {"stage": "ppo", "episodes": args.episodes, "repeats": args.repeats,

@@ -1,7 +1,7 @@
 """Resident memory of serving control and variants together: full copies vs LoRA adapters.
 
 A model store gets a base version, three LoRA adapter versions on it (rank 16 on the
-attention and MLP projections, ``PromotionPolicy.lora_r``; random non-trivial weights, saved
+attention and MLP projections, ``PolicySettings.lora_r``; random non-trivial weights, saved
 the way ``rl-train --lora`` saves them) and one full-copy variant (the first adapter merged
 into a plain model: what LoRA training saved before adapter versions existed). Each
 configuration is loaded in a fresh process through the server's ``ModelPool``; every loaded
@@ -111,11 +111,11 @@ def build_store(model_dir: Path, store: Path, adapters: int = 3) -> dict:
     from rlhf import registry
     from rlhf.adapters import adapter_bytes
     from rlhf.loading import load_causal_lm
-    from rlhf.policy_training import PromotionPolicy, _lora_config, _save_policy
+    from rlhf.policy_training import PolicySettings, _lora_config, _save_policy
 
     _, base, _ = registry.write_version(store, "base", lambda tmp: shutil.copytree(model_dir, tmp, dirs_exist_ok=True)
                                         and None, name="v1-base")
-    settings = PromotionPolicy(lora=True)
+    settings = PolicySettings(lora=True)
     lora, params = [], 0
     for i in range(adapters):
         torch.manual_seed(100 + i)

@@ -35,7 +35,9 @@ from rlhf.corpus import sample_prompts  # noqa: E402
 from rlhf.loading import load_causal_lm  # noqa: E402
 from tests.conftest import cached_model, make_app, register_model  # noqa: E402
 from tests.live_server import LiveServer  # noqa: E402
-from webapp.core.settings import DEFAULTS  # noqa: E402
+from webapp.core.settings import Settings  # noqa: E402
+
+DEFAULTS = Settings()  # the app's defaults
 
 
 class FirstTokenTimer(BaseStreamer):
@@ -79,8 +81,8 @@ def plain_generate(model, tok, prompt: str) -> tuple[float, float, int, float]:
     timer = FirstTokenTimer()
     start = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(**ids, max_new_tokens=DEFAULTS["RLHF_MAX_NEW_TOKENS"], do_sample=True,
-                             temperature=DEFAULTS["RLHF_TEMPERATURE"], top_p=DEFAULTS["RLHF_TOP_P"],
+        out = model.generate(**ids, max_new_tokens=DEFAULTS.max_new_tokens, do_sample=True,
+                             temperature=DEFAULTS.temperature, top_p=DEFAULTS.top_p,
                              pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, streamer=timer,
                              stopping_criteria=StoppingCriteriaList([StopAtNewTurn(tok, ids["input_ids"].shape[1])]))
     total = time.perf_counter() - start
@@ -115,7 +117,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, help="model directory (default: build/reuse the embedded model)")
     ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--inference-threads", type=int, default=DEFAULTS["RLHF_INFERENCE_THREADS"],
+    ap.add_argument("--inference-threads", type=int, default=DEFAULTS.inference_threads,
                     help="torch threads of both sides (0: torch's default) [default: RLHF_INFERENCE_THREADS]")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
