@@ -228,7 +228,9 @@ def old_decide(metrics: dict[str, Any], primary: str, alpha: float, max_hours: f
 
 def old_decision(cum: dict[str, np.ndarray], arm: np.ndarray, hours: float, max_hours: float) -> str:
     observed = {"control": int((arm == 0).sum()), "variant": int((arm == 1).sum())}
-    metrics = {"srm": ab_stats.srm_check(observed, {"control": 0.5, "variant": 0.5}), "metrics": old_rows(cum, arm)}
+    with np.errstate(invalid="ignore", divide="ignore"):  # statsmodels on a rate of 0 or 1, as before
+        rows = old_rows(cum, arm)
+    metrics = {"srm": ab_stats.srm_check(observed, {"control": 0.5, "variant": 0.5}), "metrics": rows}
     return old_decide(metrics, "thumbs_up_rate", 0.05, max_hours, hours)
 
 
