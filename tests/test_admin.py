@@ -314,6 +314,20 @@ def test_metrics_api_matches_ab_report(setup, monkeypatch):
     assert p_value in page
 
 
+def test_experiment_page_says_what_the_policy_would_do_now(setup):
+    app, inst = setup
+    admin = Admin(app)
+    admin.post("/api/admin/experiments", {"key": "e1", "control_version_id": 1, "variant_version_id": 2})
+    simulate_traffic(app, 12)
+    page = admin.get("/admin/experiments/e1").get_data(as_text=True)
+    assert "Policy now: wait" in page and "Power (Thumbs-up rate)" in page
+    # a primary metric the table does not have: the page says so instead of failing
+    broken = Admin(make_app(inst, RLHF_PRIMARY_METRIC="vibes"))
+    page = broken.get("/admin/experiments/e1")
+    text = page.get_data(as_text=True)
+    assert page.status_code == 200 and "cannot decide: unknown primary metric &#39;vibes&#39;" in text
+
+
 def test_not_enough_data_state_and_srm_warning(setup):
     app, _ = setup
     admin = Admin(app)

@@ -9,6 +9,7 @@ in the compare win rate (each user votes on pairs of both arms), not in their ar
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -105,10 +106,10 @@ def _user_rows(exp: Experiment, answers: list[Message], user_of: dict[int, int],
                 r["rating_sum"] += f.rating
             r["corrections"] += bool(f.correction)
         r["regenerations"] += a.id in regenerated
-        if a.id in scores:
+        if a.id in scores and math.isfinite(scores[a.id]):
             r["scored"] += 1
             r["reward_sum"] += scores[a.id]
-        if a.latency_ms is not None:
+        if a.latency_ms is not None and math.isfinite(a.latency_ms):
             r["timed"] += 1
             r["latency_sum"] += a.latency_ms
     arm_of = {a.id: a.arm for a in answers}

@@ -56,7 +56,10 @@ class PromotionPolicy:
 
 def policy_from_config(config: Mapping[str, Any]) -> PromotionPolicy:
     """The policy of an app's settings (the fields without a setting keep their defaults)."""
-    return PromotionPolicy(primary_metric=str(config["RLHF_PRIMARY_METRIC"]), alpha=float(config["RLHF_PROMOTE_ALPHA"]),
+    alpha = float(config["RLHF_PROMOTE_ALPHA"])
+    if not 0 < alpha < 1:
+        raise ValueError(f"RLHF_PROMOTE_ALPHA must be between 0 and 1, got {alpha}")
+    return PromotionPolicy(primary_metric=str(config["RLHF_PRIMARY_METRIC"]), alpha=alpha,
                            max_hours=float(config["RLHF_EXPERIMENT_MAX_HOURS"]))
 
 
@@ -132,6 +135,13 @@ def _waiting(row: dict[str, Any], min_sample: int | None) -> str:
     text = f"not significant yet (always-valid p={seq['p_value']:.3g})"
     if power.get("mde") is not None:
         text += f"; detectable now: {power['mde']:.3g}"
+    effect = power.get("typical_effect")
+    if effect and power.get("more_users"):
+        days = power.get("days_more")
+        text += f"; {effect:+.3g} needs ~{power['more_users']:,} more users" + \
+            (f" (~{days:.1f} days)" if days is not None else "")
+    elif effect and power.get("mde") is not None and power.get("users_needed") is None:
+        text += f"; {effect:+.3g} would need more than a billion users (never)"
     return text
 
 
