@@ -191,6 +191,42 @@ def rows_closed_loop(results: list[dict]) -> list[list[str]]:
     return out
 
 
+def rows_ab_validity(r: dict) -> list[list[str]]:
+    """The promotion policy's error rates and power, after vs before (``--old``) on the same data."""
+    sc = {x["scenario"]: x for x in r["scenarios"]}
+
+    def rate(cell: dict) -> str:
+        v, lo, hi = cell["rate"]
+        return f"{100 * v:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+    def old(name: str, key: str, action: str) -> str:
+        return f"{rate(sc[name]['old'][key][action])} (before)" if "old" in sc.get(name, {}) else "–"
+
+    out = []
+    if "aa" in sc:
+        for key, label in (("every_10", "looks every 10 ratings"), ("final", "one look at the end")):
+            cell = sc["aa"]["new"][key]["promote"]
+            ok = cell["rate"][0] <= 0.05 and cell["rate"][2] <= 0.06
+            out.append([f"A/A false promotions, {label} ({r['sims']} experiments, Wilson 95%)", rate(cell),
+                        old("aa", key, "promote"), "–", "<= 5%, upper bound <= 6%", _met(ok)])
+        out.append(["A/A false retirements (significantly worse), looks every 10 ratings",
+                    rate(sc["aa"]["new"]["every_10"]["retire_significant"]),
+                    old("aa", "every_10", "retire_significant"), "–", "–", "–"])
+    for name, label in (("ab5", "+5 points"), ("ab10", "+10 points")):
+        if name in sc:
+            seq, fixed = sc[name]["new"]["every_10"], sc[name]["new"]["fixed_horizon"]
+            med = seq["median_users_to_promote"]
+            out.append([f"{label}: promoted, looks every 10 ratings (median users at promotion)",
+                        f"{rate(seq['promote'])} ({_f(med, 0)})",
+                        f"{rate(fixed['promote'])} (fixed horizon, one look at {_f(fixed['median_users_at_end'], 0)} "
+                        f"users)", "–", "–", "–"])
+    if "guardrail" in sc:
+        cell = sc["guardrail"]["new"]["every_10"]["promote"]
+        out.append(["better on thumbs, truly worse ratings: promoted, looks every 10 ratings", rate(cell),
+                    old("guardrail", "every_10", "promote"), "–", "never", _met(cell["count"] == 0)])
+    return out
+
+
 def rows_generic(r: Any) -> list[list[str]]:
     if isinstance(r, dict):
         return [[k, _f(v, 3), "–", "–", "–", "–"] for k, v in r.items() if isinstance(v, (int, float, str))][:8]
@@ -213,6 +249,8 @@ BENCHMARKS = [
               "one full rl-train cycle on the embedded model", rows_cycle),
     Benchmark("serving_memory", "serving_memory.py", ["--repeats", "3"], ["--repeats", "1"], 3600,
               "resident memory of control + variants: full copy vs LoRA adapters on shared weights", rows_memory),
+    Benchmark("ab_validity", "ab_validity.py", ["--old"], ["--quick", "--old"], 7200,
+              "simulated A/A and A/B experiments through the promotion policy, before and after", rows_ab_validity),
     Benchmark("closed_loop", "closed_loop.py", [], ["--preference", "polite"], 7200,
               "the whole loop with simulated users on the real server (minutes)", rows_closed_loop),
 ]

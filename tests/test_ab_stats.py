@@ -1,4 +1,5 @@
-"""A/B statistics (webapp/ab_stats.py), each checked against closed-form arithmetic done here."""
+"""A/B statistics (webapp/experiments/stats.py), each checked against closed-form arithmetic done here
+or against GrowthBook's published test results."""
 from __future__ import annotations
 
 import ast
@@ -11,8 +12,10 @@ import pytest
 from scipy import stats
 
 from webapp.experiments import stats as ab_stats
-from webapp.experiments.stats import (ALPHA, Comparison, Estimate, compare_means, compare_proportions, enough_data,
-                             percentile, prob_beta_greater, srm_check, t_mean, wilson)
+from webapp.experiments.stats import (ALPHA, Comparison, Estimate, RatioArm, always_valid_p, compare_means,
+                                      compare_proportions, compare_ratio_arms, compare_ratio_to, cs_halfwidth,
+                                      enough_data, percentile, prob_beta_greater, ratio_arm, ratio_estimate,
+                                      sequential_mde, sequential_rho, srm_check, t_mean, users_needed, wilson)
 
 Z = 1.959963984540054  # standard normal 97.5% quantile
 T_975_7 = 2.3646242510102993  # Student t 97.5% quantile, 7 degrees of freedom (table value)
@@ -301,3 +304,153 @@ def test_enough_data_requires_both_arms():
     assert enough_data(99, 500, 100) is False
     assert enough_data(500, 99, 100) is False
     assert enough_data(0, 0, 0) is True
+
+
+# --- ratio metrics over users: the delta method -----------------------------------------------
+
+def test_delta_method_variance_of_a_ratio_by_hand():
+    # four users: thumbs up / thumbs given
+    ups, thumbs = [1, 2, 0, 3], [2, 2, 1, 4]
+    # R = 6 / 9; residuals N - R D = -1/3, 2/3, -2/3, 1/3 (sum of squares 10/9, over n - 1: 10/27);
+    # mean(D) = 9/4, so Var(R) = (10/27) / (4 * (9/4)^2) = 40/2187
+    arm = ratio_arm(ups, thumbs)
+    assert arm.value == pytest.approx(2 / 3)
+    assert arm.variance == pytest.approx(40 / 2187)
+    assert (arm.users, arm.users_with_data, arm.total) == (4, 4, 9.0)
+    # the same from the three sample moments (GrowthBook's RatioStatistic): s_N^2 = 5/3,
+    # s_D^2 = 4.75/3, s_ND = 1.5
+    three_terms = (5 / 3 - 2 * (2 / 3) * 1.5 + (2 / 3) ** 2 * 4.75 / 3) / (4 * (9 / 4) ** 2)
+    assert arm.variance == pytest.approx(three_terms)
+    est = ratio_estimate(arm)
+    assert (est.low, est.high) == pytest.approx((2 / 3 - Z * math.sqrt(40 / 2187), 2 / 3 + Z * math.sqrt(40 / 2187)))
+
+
+def test_users_without_data_change_neither_the_ratio_nor_much_its_variance():
+    with_silent = ratio_arm([1, 2, 0, 3, 0, 0], [2, 2, 1, 4, 0, 0])
+    assert with_silent.value == pytest.approx(2 / 3) and with_silent.users == 6 and with_silent.users_with_data == 4
+    # sum of squared residuals 10/9 over n - 1 = 5, divided by n * mean(D)^2 = 81/6
+    assert with_silent.variance == pytest.approx((10 / 9 / 5) / (6 * (9 / 6) ** 2))
+
+
+def test_a_heavy_user_counts_as_one_user_not_as_many_trials():
+    # one user gave 40 thumbs up, five gave one thumb down each: 40/45 up
+    heavy = ratio_arm([40, 0, 0, 0, 0, 0], [40, 1, 1, 1, 1, 1])
+    binomial_se = math.sqrt((40 / 45) * (5 / 45) / 45)
+    assert heavy.value == pytest.approx(40 / 45)
+    assert math.sqrt(heavy.variance) > 2.5 * binomial_se  # answers as independent trials: far too narrow
+    # users alike: close to the binomial figure
+    alike = ratio_arm([1] * 40 + [0] * 5, [1] * 45)
+    assert math.sqrt(alike.variance) == pytest.approx(binomial_se, rel=0.02)
+
+
+def test_ratio_arm_without_data():
+    assert ratio_arm([], []) == RatioArm(None, None, 0, 0, 0.0)
+    assert ratio_arm([0, 0], [0, 0]) == RatioArm(None, None, 2, 0, 0.0)
+    assert ratio_arm([1], [2]) == RatioArm(0.5, None, 1, 1, 2.0)
+    assert ratio_estimate(ratio_arm([1], [2])) == Estimate(0.5, None, None, 1)
+    with pytest.raises(ValueError):
+        ratio_arm([1, 2], [1])
+
+
+def test_compare_ratio_arms_fixed_horizon_by_hand():
+    control, variant = ratio_arm([1, 2, 0, 3], [2, 2, 1, 4]), ratio_arm([2, 2, 1, 3], [2, 2, 2, 4])
+    diff = 8 / 10 - 6 / 9
+    se = math.sqrt(control.variance + variant.variance)
+    fixed, seq = compare_ratio_arms(control, variant)
+    assert fixed.diff == pytest.approx(diff)
+    assert (fixed.low, fixed.high) == pytest.approx((diff - Z * se, diff + Z * se))
+    assert fixed.p_value == pytest.approx(math.erfc(abs(diff / se) / math.sqrt(2)))
+    assert fixed.chance_to_beat == pytest.approx(phi(diff / se))
+    assert seq.n == 8 and seq.tuning == 5000
+    half = cs_halfwidth(se, 8)
+    assert (seq.low, seq.high) == pytest.approx((diff - half, diff + half))
+    assert seq.low < fixed.low and seq.high > fixed.high  # always-valid costs width
+    assert compare_ratio_arms(ratio_arm([1], [1]), variant) == (Comparison(None, None, None, None, None),
+                                                                 ab_stats._NO_SEQUENTIAL)
+
+
+def test_compare_ratio_to_a_fixed_value():
+    wins = ratio_arm([3, 1, 2, 0, 2], [3, 2, 2, 1, 2])  # 8 of 10 decisive votes
+    fixed, seq = compare_ratio_to(wins, 0.5)
+    se = math.sqrt(wins.variance)
+    assert fixed.diff == pytest.approx(0.3) and fixed.p_value == pytest.approx(math.erfc(0.3 / se / math.sqrt(2)))
+    assert seq.n == 5 and (seq.low, seq.high) == pytest.approx((0.3 - cs_halfwidth(se, 5), 0.3 + cs_halfwidth(se, 5)))
+
+
+# --- confidence sequences (GrowthBook's SequentialTwoSidedTTest) ------------------------------
+
+def test_rho_by_hand():
+    a = -2 * math.log(0.05)
+    assert sequential_rho(0.05, 5000) == pytest.approx(math.sqrt((a + math.log(a + 1)) / 5000))
+    assert sequential_rho(0.05, 5000) == pytest.approx(0.039840, abs=1e-6)
+    with pytest.raises(ValueError):
+        sequential_rho(0.05, 0)
+
+
+def test_halfwidth_is_growthbooks_formula():
+    se, n, tuning = 0.02, 1000, 5000
+    rho2 = sequential_rho(0.05, tuning) ** 2
+    s2 = se**2 * n
+    by_hand = math.sqrt(s2) * math.sqrt(2 * (n * rho2 + 1) * math.log(math.sqrt(n * rho2 + 1) / 0.05) / (n * n * rho2))
+    assert cs_halfwidth(se, n, 0.05, tuning) == pytest.approx(by_hand)
+    # n rho^2 = 1.58724: sqrt(2 * 2.58724 / 1.58724 * log(sqrt(2.58724) / 0.05)) = 3.3639 standard errors
+    assert cs_halfwidth(se, n, 0.05, tuning) == pytest.approx(3.3639 * se, abs=1e-5)
+    assert cs_halfwidth(se, n) > Z * se
+
+
+def _relative_se(mean_a, var_a, n_a, mean_b, var_b, n_b):
+    """GrowthBook's delta-method standard error of the relative lift (b - a) / a."""
+    return math.sqrt(var_b / (mean_a**2 * n_b) + var_a * mean_b**2 / (mean_a**4 * n_a))
+
+
+def test_growthbooks_published_sequential_results():
+    # gbstats tests/frequentist/test_tests.py, TestSequentialTTest.test_sequential_test_runs_prop:
+    # ProportionStatistic(sum=1396, n=3000) vs (sum=2422, n=3461), tuning 5000 -> ci [0.40098, 0.60675]
+    pa, pb = 1396 / 3000, 2422 / 3461
+    lift = (pb - pa) / pa
+    se = _relative_se(pa, pa * (1 - pa), 3000, pb, pb * (1 - pb), 3461)
+    assert (lift, se) == pytest.approx((0.50386, 0.03386), abs=5e-6)
+    half = cs_halfwidth(se, 6461, 0.05, 5000)
+    assert (lift - half, lift + half) == pytest.approx((0.40098, 0.60675), abs=5e-6)
+    assert always_valid_p(lift, se, 6461, 0.05, 5000) == pytest.approx(0.0, abs=1e-12)
+    # test_sequential_test_runs: SampleMeanStatistic(sum=1396.87, sum_squares=52377.9767, n=3000) vs
+    # (sum=2422.7, sum_squares=134698.29, n=3461), tuning 1000 -> ci [-0.55844, 1.56516], p-value 1
+    ma, mb = 1396.87 / 3000, 2422.7 / 3461
+    va, vb = (52377.9767 - 3000 * ma**2) / 2999, (134698.29 - 3461 * mb**2) / 3460
+    lift, se = (mb - ma) / ma, _relative_se(ma, va, 3000, mb, vb, 3461)
+    assert (lift, se) == pytest.approx((0.50336, 0.33341), abs=5e-6)
+    half = cs_halfwidth(se, 6461, 0.05, 1000)
+    assert (lift - half, lift + half) == pytest.approx((-0.55844, 1.56516), abs=5e-6)
+    assert always_valid_p(lift, se, 6461, 0.05, 1000) == 1.0
+
+
+def test_tuning_parameter_narrows_the_sequence_near_its_value():
+    # GrowthBook's test_sequential_test_tuning_as_expected, on our function: n = 6461
+    widths = {t: cs_halfwidth(0.1, 6461, 0.05, t) for t in (10, 6461, 10_000)}
+    assert widths[6461] < widths[10_000] < widths[10]
+
+
+def test_always_valid_p_agrees_with_the_sequence():
+    se, n = 0.03, 400
+    half = cs_halfwidth(se, n)
+    assert always_valid_p(half * 1.001, se, n) < 0.05 < always_valid_p(half * 0.999, se, n)
+    assert always_valid_p(-half * 1.001, se, n) < 0.05
+    assert always_valid_p(0.0, se, n) == 1.0
+    # the e-value by hand: S^2 = n diff^2 / se^2; e = exp(rho^2 S^2 / (2 (n rho^2 + 1))) / sqrt(n rho^2 + 1)
+    rho2, diff = sequential_rho(0.05) ** 2, 0.2
+    e = math.exp(rho2 * n * diff**2 / se**2 / (2 * (n * rho2 + 1))) / math.sqrt(n * rho2 + 1)
+    assert always_valid_p(diff, se, n) == pytest.approx(1 / e)
+    assert always_valid_p(0.1, 0.0, n) == 0.0 and always_valid_p(0.0, 0.0, n) == 1.0
+
+
+def test_mde_and_users_needed():
+    se, n = 0.04, 300
+    assert sequential_mde(se, n) == pytest.approx(cs_halfwidth(se, n) + 0.8416212335729143 * se)
+    needed = users_needed(se, n, 0.05)
+    s2 = se**2 * n  # per-user variance stays; the standard error shrinks as 1/sqrt(users)
+    assert sequential_mde(math.sqrt(s2 / needed), needed) <= 0.05 < sequential_mde(math.sqrt(s2 / (needed - 1)),
+                                                                                   needed - 1)
+    assert users_needed(se, n, 1.0) == n  # already enough
+    assert users_needed(se, n, 1e-7) is None  # beyond a billion users: never
+    with pytest.raises(ValueError):
+        users_needed(se, n, 0)

@@ -316,6 +316,20 @@ def test_metrics_api_matches_ab_report(setup, monkeypatch):
     assert p_value in page
 
 
+def test_experiment_page_says_what_the_policy_would_do_now(setup):
+    app, inst = setup
+    admin = Admin(app)
+    admin.post("/api/admin/experiments", {"key": "e1", "control_version_id": 1, "variant_version_id": 2})
+    simulate_traffic(app, 12)
+    page = admin.get("/admin/experiments/e1").get_data(as_text=True)
+    assert "Policy now: wait" in page and "Power (Thumbs-up rate)" in page
+    # a primary metric the table does not have never gets this far: the app refuses to start
+    from webapp.core.settings import ConfigError
+
+    with pytest.raises(ConfigError, match="RLHF_PRIMARY_METRIC='vibes'"):
+        make_app(inst, RLHF_PRIMARY_METRIC="vibes")
+
+
 def test_not_enough_data_state_and_srm_warning(setup):
     app, _ = setup
     admin = Admin(app)

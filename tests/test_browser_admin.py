@@ -79,8 +79,11 @@ def test_admin_reads_experiment_promotes_and_rolls_back(browser, admin_server):
     assert users == 30
     thumbs = api["metrics"][0]
     row = page.locator("tr[data-metric=thumbs_up_rate]")
-    assert f"n={thumbs['control']['n']}" in row.inner_text()
-    assert f"{thumbs['comparison']['p_value']:.4f}" in row.locator(".p-value").inner_text()
+    assert f"{thumbs['control']['n']} users" in row.inner_text()
+    if thumbs["enough_data"]:  # the always-valid p-value, and the fixed-horizon one for reference
+        assert f"{thumbs['sequential']['p_value']:.4f}" in row.locator(".p-value").inner_text()
+        assert f"p {thumbs['comparison']['p_value']:.4f}" in row.locator(".fixed-horizon").inner_text()
+    assert "Power (Thumbs-up rate)" in page.locator("[data-testid=power]").inner_text()
     assert "Sample ratio check passed" in page.locator("[data-testid=srm]").inner_text()
     assert page.locator("svg.chart").count() == 3
 

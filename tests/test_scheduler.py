@@ -22,43 +22,97 @@ pytestmark = pytest.mark.slow
 
 # ---------------------------------------------------------------------------- promotion policy
 
-def table(diff, p, n=200, enough=True, metric="thumbs_up_rate", higher=True, kind="proportion", srm=False):
-    return {"srm": {"mismatch": srm, "p_value": 0.0001 if srm else 0.5},
-            "metrics": [{"name": metric, "kind": kind, "higher_is_better": higher, "enough_data": enough,
-                         "control": {"value": 0.8, "n": n}, "variant": {"value": 0.8 + diff, "n": n},
-                         "comparison": {"diff": diff, "low": diff - 0.05, "high": diff + 0.05, "p_value": p,
-                                        "chance_to_beat": 0.99 if diff > 0 else 0.01}}]}
+def row(name="thumbs_up_rate", diff=0.08, seq=(0.02, 0.14), fixed=None, p_seq=0.01, enough=True, higher=True,
+        kind="proportion", n=200):
+    """One metric of a constructed table: ``seq`` the sequential interval the policy decides on,
+    ``fixed`` the fixed-horizon one (reference; by default far narrower, as it is)."""
+    fixed = fixed or (diff - 0.02, diff + 0.02)
+    return {"name": name, "kind": kind, "higher_is_better": higher, "enough_data": enough,
+            "control": {"value": 0.6, "n": n}, "variant": {"value": 0.6 + diff, "n": n},
+            "comparison": {"diff": diff, "low": fixed[0], "high": fixed[1], "p_value": 0.0001,
+                           "chance_to_beat": 0.99 if diff > 0 else 0.01},
+            "sequential": {"low": seq[0], "high": seq[1], "p_value": p_seq, "n": 2 * n, "tuning": 5000.0},
+            "power": None}
+
+
+def table(*rows, srm=False):
+    return {"srm": {"mismatch": srm, "p_value": 0.0001 if srm else 0.5}, "min_sample": 30,
+            "metrics": list(rows) or [row()]}
+
+
+POLICY = PromotionPolicy(primary_metric="thumbs_up_rate", alpha=0.05, max_hours=72)
 
 
 @pytest.mark.parametrize("metrics,hours,action,needle", [
-    (table(0.08, 0.001), 1, "promote", "variant better"),
-    (table(-0.08, 0.001), 1, "retire", "variant worse"),
-    (table(0.08, 0.2), 1, "wait", "not significant"),
-    (table(0.08, 0.001, n=10, enough=False), 1, "wait", "not enough data"),
-    (table(0.01, 0.6), 80, "retire", "no significant result"),
-    (table(0.08, 0.001, srm=True), 1, "wait", "sample ratio mismatch"),
-    (table(-20.0, 0.001, metric="latency_ms", higher=False, kind="mean"), 1, "promote", "variant better"),
-    (table(20.0, 0.001, metric="latency_ms", higher=False, kind="mean"), 1, "retire", "variant worse"),
+    (table(row()), 1, "promote", "variant better"),
+    (table(row(diff=-0.08, seq=(-0.14, -0.02))), 1, "retire", "variant worse"),
+    (table(row(seq=(-0.01, 0.17), p_seq=0.2)), 1, "wait", "not significant yet"),
+    (table(row(n=10, enough=False)), 1, "wait", "not enough data"),
+    (table(row(diff=0.01, seq=(-0.1, 0.12), p_seq=0.9)), 80, "retire", "no significant result"),
+    (table(row(), srm=True), 1, "wait", "sample ratio mismatch"),
+    (table(row(), srm=True), 80, "retire", "sample ratio mismatch"),
+    (table(row("latency_ms", -20.0, (-30.0, -10.0), higher=False, kind="mean")), 1, "promote", "variant better"),
+    (table(row("latency_ms", 20.0, (10.0, 30.0), higher=False, kind="mean")), 1, "retire", "variant worse"),
 ])
 def test_promotion_policy(metrics, hours, action, needle):
     primary = metrics["metrics"][0]["name"]
     decision = decide(metrics, PromotionPolicy(primary_metric=primary, alpha=0.05, max_hours=72), hours)
     assert decision.action == action and needle in decision.reason
-    assert decision.numbers["p_value"] == metrics["metrics"][0]["comparison"]["p_value"]
+    assert decision.numbers["p_value"] == metrics["metrics"][0]["sequential"]["p_value"]
 
 
-def test_guardrail_blocks_promotion_on_a_self_serving_metric():
-    metrics = table(0.5, 0.0001, metric="mean_reward", kind="mean")
-    metrics["metrics"].append(table(-0.1, 0.001)["metrics"][0])  # thumbs-up rate significantly worse
-    decision = decide(metrics, PromotionPolicy(primary_metric="mean_reward"), 1)
-    assert decision.action == "retire" and "thumbs_up_rate" in decision.reason
-    metrics["metrics"][1]["comparison"]["p_value"] = 0.4  # not significant: no objection
-    assert decide(metrics, PromotionPolicy(primary_metric="mean_reward"), 1).action == "promote"
+def test_policy_decides_on_the_sequential_interval_not_the_fixed_horizon_p():
+    # a peek where the fixed-horizon test says "significant" but the sequence still holds 0: wait
+    peek = row(diff=0.05, seq=(-0.03, 0.13), fixed=(0.01, 0.09), p_seq=0.3)
+    decision = decide(table(peek), POLICY, 1)
+    assert decision.action == "wait" and "not significant yet" in decision.reason
+    assert decision.numbers["fixed_horizon_ci"] == [0.01, 0.09] and decision.numbers["sequential_ci"] == [-0.03, 0.13]
+
+
+def test_guardrail_significantly_worse_retires_whatever_the_primary_says():
+    reward = row("mean_reward", 0.5, (0.2, 0.8), kind="mean")
+    thumbs_worse = row(diff=-0.1, seq=(-0.16, -0.04))
+    decision = decide(table(reward, thumbs_worse), PromotionPolicy(primary_metric="mean_reward"), 1)
+    assert decision.action == "retire" and "better on mean_reward but significantly worse on thumbs_up_rate" \
+        in decision.reason
+    undecided = row("mean_reward", 0.1, (-0.2, 0.4), kind="mean", p_seq=0.5)
+    decision = decide(table(undecided, thumbs_worse), PromotionPolicy(primary_metric="mean_reward"), 1)
+    assert decision.action == "retire" and decision.numbers["guardrails_worse"] == ["thumbs_up_rate"]
+
+
+@pytest.mark.parametrize("guard,action", [
+    # looks worse and a loss of 5 points is not ruled out: wait for more data
+    (row(diff=-0.01, seq=(-0.09, 0.07), p_seq=1.0), "wait"),
+    # looks worse, but the interval rules out a loss of 5 points: cleared
+    (row(diff=-0.01, seq=(-0.04, 0.02), p_seq=1.0), "promote"),
+    # looks no worse and rules out a loss of two typical effects (10 points): cleared
+    (row(diff=0.01, seq=(-0.07, 0.09), p_seq=1.0), "promote"),
+    # looks no worse but too loosely measured to rule out a 10-point loss: wait
+    (row(diff=0.01, seq=(-0.12, 0.14), p_seq=1.0), "wait"),
+    # too little data to judge: not a guardrail yet
+    (row(diff=-0.05, seq=(-0.5, 0.4), enough=False), "promote"),
+    # the rating's typical effect is a quarter star
+    (row("mean_rating", -0.05, (-0.2, 0.1), kind="mean"), "promote"),
+    (row("mean_rating", -0.05, (-0.3, 0.2), kind="mean"), "wait"),
+    (row("mean_rating", 0.05, (-0.55, 0.65), kind="mean"), "wait"),
+    (row("mean_rating", 0.05, (-0.45, 0.55), kind="mean"), "promote"),
+    # compare votes: lower than 1/2 is worse
+    (row("compare_win_rate", -0.02, (-0.1, 0.06), kind="win_rate"), "wait"),
+])
+def test_a_guardrail_must_clear_before_a_promotion(guard, action):
+    reward = row("mean_reward", 0.5, (0.2, 0.8), kind="mean")
+    decision = decide(table(reward, guard), PromotionPolicy(primary_metric="mean_reward"), 1)
+    assert decision.action == action, decision.reason
+    if action == "wait":
+        assert f"looks worse on {guard['name']}" in decision.reason
+        assert decide(table(reward, guard), PromotionPolicy(primary_metric="mean_reward"), 80).action == "retire"
 
 
 def test_unknown_primary_metric_is_an_error():
     with pytest.raises(ValueError, match="unknown primary metric"):
-        decide(table(0.1, 0.01), PromotionPolicy(primary_metric="vibes"), 1)
+        decide(table(), PromotionPolicy(primary_metric="vibes"), 1)
+    with pytest.raises(ValueError, match="alpha"):
+        PromotionPolicy(alpha=1.5)
 
 
 # ---------------------------------------------------------------------------- jobs
@@ -165,11 +219,12 @@ def test_monitor_starts_an_experiment_and_promotes_by_policy(instance, micro_mod
         assert (exp.status, exp.control_version.name, exp.variant_version.name) == ("running", "v1-base", "v2-ppo")
         assert sched.monitor_tick()["action"] == "wait"  # no data yet
         exp_id = exp.id
-    _answers(app, exp_id, "control", 1, ups=20, n=50)
-    _answers(app, exp_id, "variant", 2, ups=45, n=50)
+    _answers(app, exp_id, "control", 1, ups=10, n=60)
+    _answers(app, exp_id, "variant", 2, ups=55, n=60)
     with app.app_context():
         decided = sched.monitor_tick()
         assert decided["action"] == "promote" and decided["numbers"]["p_value"] < 0.05
+        assert decided["numbers"]["n_control"] == decided["numbers"]["n_variant"] == 60  # users, one answer each
         assert {v.name: v.status for v in db.session.scalars(db.select(ModelVersion))} == \
             {"v1-base": "retired", "v2-ppo": "active"}
         event = db.session.scalars(db.select(AuditEvent).filter_by(action="experiment_conclude")).one()

@@ -204,7 +204,8 @@ def export_feedback_command(fmt: str, output: str, redact: bool) -> None:
 @click.option("--experiment", "key", help="Experiment key [default: the running one, else the latest].")
 @click.option("--json", "as_json", is_flag=True, help="Print the full metrics object (as GET /api/admin/metrics).")
 def ab_report_command(key: str | None, as_json: bool) -> None:
-    """Per-arm A/B metrics with 95% intervals, p-values, chance to beat control and the SRM check."""
+    """Per-arm A/B metrics over users: sequential (always-valid) and fixed-horizon intervals and
+    p-values, chance to beat control, the primary metric's power, and the SRM check."""
     import json
 
     from webapp.core.extensions import db
@@ -218,32 +219,50 @@ def ab_report_command(key: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
         return
-    e = data["experiment"]
-    click.echo(f"Experiment {e['key']} ({e['status']}): {e['control']} (control) vs {e['variant']} (variant), "
-               f"split {e['traffic_split']:.2f}")
-    arms = data["arms"]
-    click.echo(f"  users {arms['control']['users']} / {arms['variant']['users']}, answers "
-               f"{arms['control']['answers']} / {arms['variant']['answers']}")
+    for line in ab_report_lines(data):
+        click.echo(line)
 
-    def show(row, est):
-        if est["value"] is None:
-            return "-"
-        if row["kind"] in ("proportion", "win_rate"):
-            return f"{est['value']:.3f} [{est['low']:.3f}, {est['high']:.3f}]"
-        if est["low"] is None:
-            return f"{est['value']:.3f}"
-        return f"{est['value']:.3f} [{est['low']:.3f}, {est['high']:.3f}]"
 
-    click.echo(f"  {'metric':<20}{'control':>26}{'variant':>26}{'diff':>10}{'p':>9}{'P(beat)':>9}")
+def _interval(low: float | None, high: float | None, signed: bool = False) -> str:
+    if low is None or high is None:
+        return ""
+    fmt = "{:+.3f}" if signed else "{:.3f}"
+    return f"[{fmt.format(low)}, {fmt.format(high)}]"
+
+
+def _arm_cell(est: dict) -> str:
+    if est.get("value") is None:
+        return "-"
+    return f"{est['value']:.3f} {_interval(est.get('low'), est.get('high'))} n={est.get('n')}".replace("  ", " ")
+
+
+def ab_report_lines(data: dict) -> list[str]:
+    """The text report of a metrics dict."""
+    e, arms = data["experiment"], data["arms"]
+    policy = data.get("policy") or {}
+    lines = [f"Experiment {e['key']} ({e['status']}): {e['control']} (control) vs {e['variant']} (variant), "
+             f"split {e['traffic_split']:.2f}",
+             f"  users {arms['control']['users']} / {arms['variant']['users']}, answers "
+             f"{arms['control']['answers']} / {arms['variant']['answers']}",
+             f"  users are the unit (n = users with data); verdicts use the sequential interval and its "
+             f"always-valid p (tuning {policy.get('sequential_tuning', 0):g}); fixed-horizon ones for reference",
+             f"  {'metric':<18}{'control':>28}{'variant':>28}{'diff [sequential 95%]':>30}{'p (seq)':>9}"
+             f"{'fixed-horizon 95%':>20}{'p':>9}{'P(beat)':>9}"]
     for row in data["metrics"]:
-        c = row["comparison"]
-        tail = (f"{c['diff']:>+10.3f}{c['p_value']:>9.4f}{c['chance_to_beat']:>9.3f}" if row["enough_data"]
-                and c["diff"] is not None else f"{'not enough data yet':>28}")
-        click.echo(f"  {row['name']:<20}{show(row, row['control']):>26}{show(row, row['variant']):>26}{tail}")
+        c, seq = row["comparison"], row["sequential"]
+        if row["enough_data"] and c["diff"] is not None:
+            tail = (f"{c['diff']:>+9.3f} {_interval(seq['low'], seq['high'], True):>20}{seq['p_value']:>9.4f}"
+                    f"{_interval(c['low'], c['high'], True):>20}{c['p_value']:>9.4f}{c['chance_to_beat']:>9.3f}")
+        else:
+            tail = f"{'not enough data yet':>30}"
+        lines.append(f"  {row['name']:<18}{_arm_cell(row['control']):>28}{_arm_cell(row['variant']):>28}{tail}")
+        if row["name"] == policy.get("primary_metric") and row.get("power"):
+            lines.append(f"    power ({row['name']}, the primary metric): {row['power']['summary']}")
     srm = data["srm"]
     if srm["p_value"] is not None:
         flag = "MISMATCH - check routing" if srm["mismatch"] else "ok"
-        click.echo(f"  sample ratio: chi2 {srm['chi2']:.2f}, p {srm['p_value']:.4g} ({flag})")
+        lines.append(f"  sample ratio: chi2 {srm['chi2']:.2f}, p {srm['p_value']:.4g} ({flag})")
+    return lines
 
 
 @click.command("scheduler")

@@ -24,6 +24,7 @@ from webapp.core.models import AuditEvent, Experiment, Message, ModelVersion, Tr
 from webapp.experiments.assignment import running_experiment
 from webapp.experiments.lifecycle import get_experiment
 from webapp.experiments.metrics import default_experiment, experiment_metrics
+from webapp.experiments.promotion import Decision, decide, policy_from_config
 from webapp.serving.routing import serving_problems
 from webapp.training import scheduler
 from webapp.training.curves import STAGE_TITLES, run_curves
@@ -176,7 +177,14 @@ def experiment_detail(key: str):
                "svg": line_chart(timeline["starts"], timeline["series"][name], title=title.format(unit=unit),
                                  percent=percent, unit=timeline["unit"], y_range=y_range)}
               for name, title, percent, y_range in CHARTS]
-    return render_template("admin/experiment.html", exp=exp, data=data, charts=charts, unit=unit)
+    verdict = None
+    if exp.status == "running":  # what the monitor would decide now, and why
+        hours = (utcnow() - (exp.started_at or exp.created_at)).total_seconds() / 3600
+        try:
+            verdict = decide(data, policy_from_config(current_app.config), hours)
+        except ValueError as exc:  # a primary metric the table does not have: say so instead of failing
+            verdict = Decision("unknown", f"the promotion policy cannot decide: {exc}", {})
+    return render_template("admin/experiment.html", exp=exp, data=data, charts=charts, unit=unit, verdict=verdict)
 
 
 @bp.get("/experiment")

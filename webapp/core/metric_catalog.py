@@ -1,18 +1,20 @@
-"""The A/B metrics the app measures, defined once: (name, label, kind, higher is better).
+"""The A/B metrics the app measures, defined once.
 
-The experiment metrics compute them, the promotion policy decides on one of them, and the
-settings check ``primary_metric`` against their names.
+Each: name, label, kind, higher is better, and the per-user columns (webapp.experiments.table)
+whose ratio it is. The experiment metrics compute them, the promotion policy decides on one of
+them, and the settings check ``primary_metric`` against their names.
 """
 from __future__ import annotations
 
-METRICS: tuple[tuple[str, str, str, bool], ...] = (
-    ("thumbs_up_rate", "Thumbs-up rate", "proportion", True),
-    ("mean_rating", "Mean rating (1-5)", "mean", True),
-    ("correction_rate", "Correction rate", "proportion", False),
-    ("regenerate_rate", "Regenerate rate", "proportion", False),
-    ("compare_win_rate", "Compare win rate (variant vs control)", "win_rate", True),
-    ("mean_reward", "Mean reward-model score", "mean", True),
-    ("latency_ms", "Latency (ms)", "mean", False),
+# name, label, kind, higher_is_better, numerator column, denominator column
+METRICS: tuple[tuple[str, str, str, bool, str, str], ...] = (
+    ("thumbs_up_rate", "Thumbs-up rate", "proportion", True, "ups", "thumbs"),
+    ("mean_rating", "Mean rating (1-5)", "mean", True, "rating_sum", "ratings"),
+    ("correction_rate", "Correction rate", "proportion", False, "corrections", "answers"),
+    ("regenerate_rate", "Regenerate rate", "proportion", False, "regenerations", "answers"),
+    ("compare_win_rate", "Compare win rate (variant vs control)", "win_rate", True, "wins", "decisive"),
+    ("mean_reward", "Mean reward-model score", "mean", True, "reward_sum", "scored"),
+    ("latency_ms", "Latency (ms)", "mean", False, "latency_sum", "timed"),
 )
 
 METRIC_NAMES: tuple[str, ...] = tuple(m[0] for m in METRICS)

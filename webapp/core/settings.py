@@ -136,6 +136,9 @@ class Settings:
                                   choices=METRIC_NAMES)
     promote_alpha: float = setting(0.05, "significance level of the promotion policy", "Experiments",
                                    above=0.0, below=0.5)
+    sequential_tuning: float = setting(5000.0, "GrowthBook's sequential tuning parameter: the number of users (both "
+                                       "arms) at which the always-valid confidence sequence is narrowest; it stays "
+                                       "valid at every other size, only wider", "Experiments", above=0.0)
     experiment_max_hours: float = setting(72.0, "an experiment without a significant result by then keeps the "
                                           "control", "Experiments", above=0.0)
     experiment_split: float = setting(0.5, "variant share of automatically started experiments", "Experiments",

@@ -1,29 +1,29 @@
-"""Per-arm A/B metrics of an experiment, with intervals, tests and an SRM check.
+"""Per-arm A/B metrics of an experiment: the database read into one row per user, then the
+pure metrics table (:func:`webapp.experiments.table.metrics_table`) with intervals, tests,
+power and the SRM check, plus the charts' series.
 
-Reads the database, computes with :mod:`webapp.experiments.stats` (scipy/statsmodels). The same dict
-feeds the dashboard, ``GET /api/admin/metrics`` and ``flask --app webapp ab-report --json``.
+The same dict feeds the dashboard, ``GET /api/admin/metrics``, ``flask --app webapp ab-report
+--json`` and the scheduler's promotion policy. The user of an answer is its conversation's user;
+a user's arm is their assignment (else the arm of their answers). Compare-pair answers count only
+in the compare win rate (each user votes on pairs of both arms), not in their arm's other metrics.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from dataclasses import asdict
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from flask import current_app
-from scipy import stats as scipy_stats
 
 from webapp.core.display import display_path
 from webapp.core.extensions import db
-from webapp.core.metric_catalog import METRICS
-from webapp.core.models import (AnswerScore, Assignment, Comparison, Experiment, Feedback, Message, history,
-                                iso, utcnow)
+from webapp.core.models import (AnswerScore, Assignment, Comparison, Conversation, Experiment, Feedback, Message,
+                                history, iso, utcnow)
 from webapp.experiments import stats as ab_stats
-
-ARMS = ("control", "variant")
-
-# name, label, kind, higher_is_better
+from webapp.experiments.promotion import PromotionPolicy, policy_from_config
+from webapp.experiments.table import ARMS, metrics_table, user_table
 
 
 def _reward_model_path(exp: Experiment) -> str | None:
@@ -75,95 +75,100 @@ def _regenerated(answers: list[Message], paired: set[int]) -> set[int]:
     return {a.id for a in answers if a.id not in paired and any(m > a.id for m in later[a.parent_id])}
 
 
-def _estimate(kind: str, data: Any) -> ab_stats.Estimate:
-    if kind == "proportion":
-        return ab_stats.wilson(*data)
-    return ab_stats.t_mean(data)
+def _user_rows(exp: Experiment, answers: list[Message], user_of: dict[int, int], feedback: dict[int, Feedback],
+               pairs: list[Comparison], paired: set[int], regenerated: set[int],
+               scores: dict[int, float]) -> list[dict[str, Any]]:
+    """One row of sums per user and arm: their own answers' feedback, and their compare votes."""
+    rows: dict[tuple[int, str | None], dict[str, Any]] = {}
+    home: dict[int, tuple[int, str | None]] = {}  # the row a user's votes go to: their first one
 
+    def row(uid: int, arm: str | None) -> dict[str, Any]:
+        if (uid, arm) not in rows:
+            rows[(uid, arm)] = defaultdict(float, arm=arm)
+            home.setdefault(uid, (uid, arm))
+        return rows[(uid, arm)]
 
-def experiment_metrics(exp: Experiment) -> dict[str, Any]:
-    cfg = current_app.config
-    min_sample = int(cfg["RLHF_AB_MIN_SAMPLE"])
-    answers = list(db.session.scalars(db.select(Message).where(Message.experiment_id == exp.id,
-                                                               Message.role == "assistant")))
-    by_arm = {arm: [a for a in answers if a.arm == arm] for arm in ARMS}
-    feedback = {f.message_id: f for f in db.session.scalars(
-        db.select(Feedback).where(Feedback.message_id.in_([a.id for a in answers])))} if answers else {}
-    pairs = list(db.session.scalars(db.select(Comparison).where(Comparison.message_a_id.in_([a.id for a in answers]))))
+    for uid, arm in db.session.execute(db.select(Assignment.user_id, Assignment.arm)
+                                       .where(Assignment.experiment_id == exp.id)):
+        row(uid, arm if arm in ARMS else None)
+    for a in answers:
+        if a.id in paired or a.arm not in ARMS:
+            continue
+        r = row(user_of[a.id], a.arm)
+        r["answers"] += 1
+        f = feedback.get(a.id)
+        if f is not None:
+            if f.thumb in ("up", "down"):
+                r["thumbs"] += 1
+                r["ups"] += f.thumb == "up"
+            if f.rating is not None:
+                r["ratings"] += 1
+                r["rating_sum"] += f.rating
+            r["corrections"] += bool(f.correction)
+        r["regenerations"] += a.id in regenerated
+        if a.id in scores and math.isfinite(scores[a.id]):
+            r["scored"] += 1
+            r["reward_sum"] += scores[a.id]
+        if a.latency_ms is not None and math.isfinite(a.latency_ms):
+            r["timed"] += 1
+            r["latency_sum"] += a.latency_ms
     arm_of = {a.id: a.arm for a in answers}
-    paired = {p.message_a_id for p in pairs} | {p.message_b_id for p in pairs}
-    regenerated = _regenerated(answers, paired)
-    scores = _reward_scores(answers, _reward_model_path(exp))
-
-    users = dict(db.session.execute(db.select(Assignment.arm, db.func.count(Assignment.id))
-                                    .where(Assignment.experiment_id == exp.id).group_by(Assignment.arm)).all())
-    raw: dict[str, dict[str, Any]] = {}
-    for arm in ARMS:
-        mine = by_arm[arm]
-        fbs = [feedback[a.id] for a in mine if a.id in feedback]
-        thumbs = [f.thumb for f in fbs if f.thumb]
-        raw[arm] = {
-            "thumbs_up_rate": (sum(t == "up" for t in thumbs), len(thumbs)),
-            "mean_rating": [float(f.rating) for f in fbs if f.rating is not None],
-            "correction_rate": (sum(1 for f in fbs if f.correction), len(mine)),
-            "regenerate_rate": (sum(1 for a in mine if a.id in regenerated), len(mine)),
-            "mean_reward": [scores[a.id] for a in mine if a.id in scores],
-            "latency_ms": [a.latency_ms for a in mine if a.latency_ms is not None],
-        }
-    # side-by-side votes between the two arms: decisive votes only
-    wins = losses = ties = 0
-    for p in pairs:
+    for p in pairs:  # side-by-side votes between the two arms, by the user who voted
         arms = (arm_of.get(p.message_a_id), arm_of.get(p.message_b_id))
-        if p.winner is None or set(arms) != set(ARMS):
+        if p.winner is None or set(arms) != set(ARMS) or p.message_a_id not in user_of:
             continue
+        uid = user_of[p.message_a_id]
+        r = rows[home[uid]] if uid in home else row(uid, None)
         if p.winner in ("tie", "both_bad"):
-            ties += 1
-            continue
-        winner_arm = arms[0] if p.winner == "a" else arms[1]
-        wins += winner_arm == "variant"
-        losses += winner_arm == "control"
-
-    metrics = []
-    for name, label, kind, higher in METRICS:
-        row: dict[str, Any] = {"name": name, "label": label, "kind": kind, "higher_is_better": higher}
-        if kind == "win_rate":
-            n = wins + losses
-            variant = ab_stats.wilson(wins, n)
-            control = ab_stats.wilson(losses, n)
-            if n:
-                test = scipy_stats.binomtest(wins, n, 0.5)
-                chance = float(scipy_stats.beta.sf(0.5, 1 + wins, 1 + losses))
-                comparison = ab_stats.Comparison(variant.value - 0.5, variant.low - 0.5, variant.high - 0.5,
-                                                 float(test.pvalue), chance)
-            else:
-                comparison = ab_stats.Comparison(None, None, None, None, None)
-            row.update(control=asdict(control), variant=asdict(variant), comparison=asdict(comparison),
-                       enough_data=n >= min_sample, votes={"variant_wins": wins, "control_wins": losses, "ties": ties})
+            r["ties"] += 1
         else:
-            control = _estimate(kind, raw["control"][name])
-            variant = _estimate(kind, raw["variant"][name])
-            if kind == "proportion":
-                comparison = ab_stats.compare_proportions(raw["control"][name], raw["variant"][name], higher)
-            else:
-                comparison = ab_stats.compare_means(raw["control"][name], raw["variant"][name], higher)
-            row.update(control=asdict(control), variant=asdict(variant), comparison=asdict(comparison),
-                       enough_data=ab_stats.enough_data(control.n, variant.n, min_sample))
-            if name == "latency_ms":
-                for arm in ARMS:
-                    row[arm].update(p50=ab_stats.percentile(raw[arm][name], 50),
-                                    p95=ab_stats.percentile(raw[arm][name], 95))
-        metrics.append(row)
+            won = arms[0] if p.winner == "a" else arms[1]
+            r["wins" if won == "variant" else "losses"] += 1
+    return list(rows.values())
 
-    expected = {"control": 1 - exp.traffic_split, "variant": exp.traffic_split}
-    observed = {arm: int(users.get(arm, 0)) for arm in ARMS}
+
+def users_per_day(exp: Experiment, users: int, now: datetime | None = None) -> float | None:
+    """New users per day so far (None before the experiment has run a minute or has users)."""
+    if exp.started_at is None or users == 0:
+        return None
+    days = ((exp.ended_at or now or utcnow()) - exp.started_at).total_seconds() / 86400
+    return users / days if days * 1440 >= 1 else None
+
+
+def experiment_metrics(exp: Experiment, policy: PromotionPolicy | None = None) -> dict[str, Any]:
+    """The experiment's metrics table (see the module docstring), under ``policy`` (default:
+    the app's settings)."""
+    cfg = current_app.config
+    policy = policy or policy_from_config(cfg)
+    min_sample = int(cfg["RLHF_AB_MIN_SAMPLE"])
+    answers, user_of = [], {}
+    for a, uid in db.session.execute(db.select(Message, Conversation.user_id)
+                                     .join(Conversation, Message.conversation_id == Conversation.id)
+                                     .where(Message.experiment_id == exp.id, Message.role == "assistant")):
+        answers.append(a)
+        user_of[a.id] = uid
+    by_arm = {arm: [a for a in answers if a.arm == arm] for arm in ARMS}
+    ids = [a.id for a in answers]
+    feedback = {f.message_id: f for f in db.session.scalars(
+        db.select(Feedback).where(Feedback.message_id.in_(ids)))} if answers else {}
+    pairs = list(db.session.scalars(db.select(Comparison).where(Comparison.message_a_id.in_(ids)))) if answers else []
+    paired = {p.message_a_id for p in pairs} | {p.message_b_id for p in pairs}
+    scores = _reward_scores(answers, _reward_model_path(exp))
+    users = user_table(_user_rows(exp, answers, user_of, feedback, pairs, paired, _regenerated(answers, paired),
+                                  scores))
+    n_users = int((users["arm"] >= 0).sum())
+    table = metrics_table(users, exp.traffic_split, min_sample, policy, users_per_day(exp, n_users))
+    for arm in ARMS:
+        table["arms"][arm].update(answers=len(by_arm[arm]),
+                                  conversations=len({a.conversation_id for a in by_arm[arm]}),
+                                  feedback=sum(1 for a in by_arm[arm] if a.id in feedback))
+    latency = next(row for row in table["metrics"] if row["name"] == "latency_ms")
+    for arm in ARMS:  # per answer: what a user waits, not a verdict
+        values = [a.latency_ms for a in by_arm[arm] if a.latency_ms is not None]
+        latency[arm].update(p50=ab_stats.percentile(values, 50), p95=ab_stats.percentile(values, 95))
     return {
         "experiment": experiment_dict(exp),
-        "min_sample": min_sample,
-        "arms": {arm: {"users": observed[arm], "answers": len(by_arm[arm]),
-                       "conversations": len({a.conversation_id for a in by_arm[arm]}),
-                       "feedback": sum(1 for a in by_arm[arm] if a.id in feedback)} for arm in ARMS},
-        "srm": ab_stats.srm_check(observed, expected),
-        "metrics": metrics,
+        **table,
         "daily": _daily(by_arm, feedback),
         "timeline": _timeline(exp, by_arm, feedback),
         "reward_model": display_path(_reward_model_path(exp)),

@@ -1,25 +1,65 @@
-"""The promotion policy: what to do with a running experiment, given its metrics.
+"""The promotion policy: what to do with a running experiment, given its metrics table.
 
-Pure function of the metrics dict (``ab_metrics.experiment_metrics``) so it can be tested on
-constructed tables:
-* promote  -- the primary metric has enough samples in both arms and the variant is better
-              with p < alpha, and no guardrail metric (thumbs, rating, compare votes) is
-              significantly worse;
-* retire   -- enough samples and the variant is worse with p < alpha, or the maximum duration
-              has passed without a significant result (keep the control);
-* wait     -- otherwise. A sample-ratio mismatch also means wait: the numbers are not trusted.
+Pure function of the table (:func:`webapp.experiments.table.metrics_table`, which
+``metrics.experiment_metrics`` returns) so it can be tested on constructed tables and driven
+by simulations. It decides on the *sequential* intervals (asymptotic confidence sequences over
+users, see the README's "How verdicts are computed"), which stay valid however often the
+monitor looks; the fixed-horizon p-values in the table are for reference only:
+
+* promote -- the primary metric has enough users with data in both arms and its sequential
+             interval lies entirely on the better side, and every guardrail (thumbs, rating,
+             compare votes) with enough data clears: its sequential interval rules out a loss of
+             a typical effect (5 points, a quarter star), or it looks no worse than control and
+             its interval rules out a loss of two typical effects;
+* retire  -- the primary metric's sequential interval lies entirely on the worse side, or a
+             guardrail's does (a harm is proven, whatever the primary says), or the maximum
+             duration has passed without a result (keep the control);
+* wait    -- otherwise. A sample-ratio mismatch also means wait: the numbers are not trusted.
+
+The guardrail rule only ever withholds a promotion, so it cannot raise the false-promotion rate
+the primary metric's sequence guarantees; it keeps a variant that is better on the primary
+metric but worse on what users say from being promoted while that harm is still too small to be
+significant (benchmarks/ab_validity.py, guardrail scenario).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from webapp.experiments.stats import SEQUENTIAL_TUNING
 
 
 @dataclass(frozen=True)
 class PromotionPolicy:
+    """The policy's settings: RLHF_PRIMARY_METRIC, RLHF_PROMOTE_ALPHA, RLHF_EXPERIMENT_MAX_HOURS and
+    RLHF_SEQUENTIAL_TUNING; the power and typical effects are reporting choices, not settings."""
+
     primary_metric: str = "thumbs_up_rate"
     alpha: float = 0.05
     max_hours: float = 72.0
+    # GrowthBook's sequentialTuningParameter: the number of users (both arms) at which the
+    # confidence sequence is tightest; it stays valid at any other size, only wider.
+    sequential_tuning: float = SEQUENTIAL_TUNING
+    # power reported for the primary metric, and the "typical effect" it is computed for
+    power: float = 0.8
+    typical_effect_rate: float = 0.05  # rates and the compare win rate: 5 points
+    typical_effect_rating: float = 0.25  # mean rating: a quarter star
+    typical_effect_sd: float = 0.2  # other means: this share of the per-user standard deviation
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha must be between 0 and 1, got {self.alpha}")
+        if self.sequential_tuning <= 0 or not 0 < self.power < 1:
+            raise ValueError("the sequential tuning parameter must be positive and power between 0 and 1")
+
+
+def policy_from_config(config: Mapping[str, Any]) -> PromotionPolicy:
+    """The policy of an app's settings (checked at start-up; the fields without a setting keep
+    their defaults)."""
+    return PromotionPolicy(primary_metric=str(config["RLHF_PRIMARY_METRIC"]), alpha=float(config["RLHF_PROMOTE_ALPHA"]),
+                           max_hours=float(config["RLHF_EXPERIMENT_MAX_HOURS"]),
+                           sequential_tuning=float(config.get("RLHF_SEQUENTIAL_TUNING", SEQUENTIAL_TUNING)))
 
 
 @dataclass(frozen=True)
@@ -37,42 +77,107 @@ class Decision:
 GUARDRAILS = ("thumbs_up_rate", "mean_rating", "compare_win_rate")
 
 
-def _better(row: dict[str, Any]) -> bool:
-    diff = row["comparison"]["diff"]
-    return diff > 0 if row["kind"] == "win_rate" else (diff > 0) == row["higher_is_better"]
+def verdict(row: dict[str, Any]) -> str | None:
+    """"better", "worse" or None: where the row's sequential interval lies, oriented so that
+    "better" is good for the variant (lower latency, higher thumbs-up rate, ...)."""
+    seq = row.get("sequential") or {}
+    low, high = seq.get("low"), seq.get("high")
+    if not row.get("enough_data") or low is None or high is None:
+        return None
+    if low > 0:
+        return "better" if row["higher_is_better"] else "worse"
+    if high < 0:
+        return "worse" if row["higher_is_better"] else "better"
+    return None
+
+
+def _oriented(value: float, row: dict[str, Any]) -> float:
+    """``value`` (a difference) with its sign flipped when lower is better: > 0 is good."""
+    return value if row["higher_is_better"] else -value
+
+
+def unsafe(row: dict[str, Any], policy: PromotionPolicy) -> bool:
+    """A guardrail with enough data that is not cleared for a promotion. It clears when its
+    sequential interval rules out a loss of a typical effect (``policy.typical_effect_*``), or
+    when it looks no worse than control and its interval rules out a loss of two: a guardrail
+    measured too loosely to see a real loss does not clear by looking fine by chance."""
+    seq, diff = row.get("sequential") or {}, (row.get("comparison") or {}).get("diff")
+    if not row.get("enough_data") or diff is None or seq.get("low") is None:
+        return False
+    margin = policy.typical_effect_rating if row["name"] == "mean_rating" else policy.typical_effect_rate
+    worst = min(_oriented(seq["low"], row), _oriented(seq["high"], row))
+    if worst > -margin:
+        return False
+    return _oriented(diff, row) < 0 or worst <= -2 * margin
+
+
+def _numbers(row: dict[str, Any], metrics: dict[str, Any], hours_running: float) -> dict[str, Any]:
+    c, seq = row.get("comparison") or {}, row.get("sequential") or {}
+    power = row.get("power") or {}
+    return {"metric": row["name"], "control": row["control"].get("value"), "variant": row["variant"].get("value"),
+            "n_control": row["control"].get("n"), "n_variant": row["variant"].get("n"), "diff": c.get("diff"),
+            "sequential_ci": [seq.get("low"), seq.get("high")], "p_value": seq.get("p_value"),
+            "fixed_horizon_ci": [c.get("low"), c.get("high")], "fixed_horizon_p_value": c.get("p_value"),
+            "chance_to_beat": c.get("chance_to_beat"), "mde": power.get("mde"),
+            "more_users": power.get("more_users"), "hours_running": round(hours_running, 3),
+            "srm_p_value": (metrics.get("srm") or {}).get("p_value")}
+
+
+def _waiting(row: dict[str, Any], min_sample: int | None) -> str:
+    """Why the policy waits, in words: too little data, or how far from a verdict."""
+    if not row.get("enough_data"):
+        need = f" (need {min_sample} users with data per arm)" if min_sample else ""
+        return f"not enough data yet: {row['control'].get('n')} / {row['variant'].get('n')} users{need}"
+    seq, power = row.get("sequential") or {}, row.get("power") or {}
+    if seq.get("p_value") is None:
+        return "no variance yet"
+    text = f"not significant yet (always-valid p={seq['p_value']:.3g})"
+    if power.get("mde") is not None:
+        text += f"; detectable now: {power['mde']:.3g}"
+    effect = power.get("typical_effect")
+    if effect and power.get("more_users"):
+        days = power.get("days_more")
+        text += f"; {effect:+.3g} needs ~{power['more_users']:,} more users" + \
+            (f" (~{days:.1f} days)" if days is not None else "")
+    elif effect and power.get("mde") is not None and power.get("users_needed") is None:
+        text += f"; {effect:+.3g} would need more than a billion users (never)"
+    return text
 
 
 def decide(metrics: dict[str, Any], settings: PromotionPolicy, hours_running: float) -> Decision:
+    """promote / retire / wait for an experiment's metrics table after ``hours_running`` hours."""
     rows = {m["name"]: m for m in metrics["metrics"]}
     if settings.primary_metric not in rows:
         raise ValueError(f"unknown primary metric {settings.primary_metric!r} (choose from {', '.join(rows)})")
     row = rows[settings.primary_metric]
-    c = row["comparison"]
-    numbers = {"metric": row["name"], "control": row["control"].get("value"), "variant": row["variant"].get("value"),
-               "n_control": row["control"].get("n"), "n_variant": row["variant"].get("n"), "diff": c.get("diff"),
-               "ci": [c.get("low"), c.get("high")], "p_value": c.get("p_value"),
-               "chance_to_beat": c.get("chance_to_beat"), "hours_running": round(hours_running, 3),
-               "srm_p_value": metrics.get("srm", {}).get("p_value")}
+    numbers = _numbers(row, metrics, hours_running)
     timed_out = hours_running >= settings.max_hours
-    if metrics.get("srm", {}).get("mismatch"):
+    if (metrics.get("srm") or {}).get("mismatch"):
         if timed_out:
             return Decision("retire", "maximum duration reached with a sample ratio mismatch", numbers)
         return Decision("wait", "sample ratio mismatch: routing must be fixed before deciding", numbers)
-    significant = row["enough_data"] and c.get("p_value") is not None and c["p_value"] < settings.alpha
-    if significant and c.get("diff") is not None and c["diff"] != 0:
-        better = _better(row)
-        worse_guard = [g["name"] for g in rows.values() if g["name"] in GUARDRAILS and g is not row and
-                       g["enough_data"] and (g["comparison"].get("p_value") or 1) < settings.alpha and
-                       g["comparison"].get("diff") and not _better(g)]
-        if better and worse_guard:
-            numbers["guardrails_worse"] = worse_guard
-            return Decision("retire", f"variant better on {row['name']} but significantly worse on "
-                                      f"{', '.join(worse_guard)}", numbers)
-        if better:
-            return Decision("promote", f"variant better on {row['name']} (p={c['p_value']:.4g} < {settings.alpha})",
-                            numbers)
-        return Decision("retire", f"variant worse on {row['name']} (p={c['p_value']:.4g} < {settings.alpha})", numbers)
+    primary = verdict(row)
+    p = numbers["p_value"]
+    guards = [rows[g] for g in GUARDRAILS if g in rows and g != row["name"]]
+    worse = [g["name"] for g in guards if verdict(g) == "worse"]
+    if primary == "worse":
+        return Decision("retire", f"variant worse on {row['name']} (always-valid p={p:.4g} < {settings.alpha})",
+                        numbers)
+    if worse:
+        numbers["guardrails_worse"] = worse
+        better = f"better on {row['name']} but " if primary == "better" else ""
+        return Decision("retire", f"variant {better}significantly worse on {', '.join(worse)}", numbers)
+    unsafe_guards = [g["name"] for g in guards if unsafe(g, settings)]
+    if primary == "better" and not unsafe_guards:
+        return Decision("promote", f"variant better on {row['name']} (always-valid p={p:.4g} < {settings.alpha})",
+                        numbers)
     if timed_out:
+        if primary == "better":
+            return Decision("retire", f"maximum duration reached: variant better on {row['name']}, but a loss on "
+                                      f"{', '.join(unsafe_guards)} is not ruled out", numbers)
         return Decision("retire", f"no significant result on {row['name']} after {settings.max_hours} h", numbers)
-    why = "not enough data yet" if not row["enough_data"] else f"not significant yet (p={c.get('p_value')})"
-    return Decision("wait", why, numbers)
+    if primary == "better":
+        numbers["guardrails_unsafe"] = unsafe_guards
+        return Decision("wait", f"variant better on {row['name']}, but it looks worse on {', '.join(unsafe_guards)} "
+                                f"and a loss of a typical effect there is not ruled out yet", numbers)
+    return Decision("wait", _waiting(row, metrics.get("min_sample")), numbers)

@@ -44,7 +44,7 @@ from webapp.core.models import Experiment, ModelVersion, TrainingRun, active_ver
 from webapp.experiments.assignment import running_experiment
 from webapp.experiments.lifecycle import conclude_experiment, create_experiment
 from webapp.experiments.metrics import experiment_metrics
-from webapp.experiments.promotion import PromotionPolicy, decide
+from webapp.experiments.promotion import decide, policy_from_config
 from webapp.training.records import feedback_events
 from webapp.training.runs import recover_stale_runs, spawn_training, training_lock
 from webapp.training.watchdog import enforce_run_limits
@@ -129,10 +129,10 @@ def monitor_tick() -> dict[str, Any]:
         create_experiment(key, active.id, candidate.id, float(cfg["RLHF_EXPERIMENT_SPLIT"]), actor="scheduler")
         log.info("monitor: started experiment %s (%s vs %s)", key, active.name, candidate.name)
         return {"action": "start", "experiment": key}
-    settings = PromotionPolicy(cfg["RLHF_PRIMARY_METRIC"], float(cfg["RLHF_PROMOTE_ALPHA"]),
-                              float(cfg["RLHF_EXPERIMENT_MAX_HOURS"]))
+    settings = policy_from_config(cfg)
     hours = (utcnow() - (exp.started_at or exp.created_at)).total_seconds() / 3600
-    decision = decide(experiment_metrics(exp), settings, hours)
+    # the sequential intervals the policy decides on stay valid however often this looks
+    decision = decide(experiment_metrics(exp, settings), settings, hours)
     if decision.action == "wait":
         return {"action": "wait", "experiment": exp.key, **decision.to_dict()}
     conclude_experiment(exp.key, "promote" if decision.action == "promote" else "keep_control",
