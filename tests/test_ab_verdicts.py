@@ -28,7 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def two_versions(tmp_path, micro_model_dir):
     """An app with v1-base active and v2-ppo, a byte-identical copy of it, as a candidate."""
     inst = tmp_path / "instance"
-    app = make_app(inst, RLHF_MAX_NEW_TOKENS=4, RATELIMIT_ENABLED=False)
+    # 20 users with data per arm: with ~67 raters split by a hash of the (time-stamped) experiment key,
+    # each arm has enough whatever the split, so the monitor really judges
+    app = make_app(inst, RLHF_MAX_NEW_TOKENS=4, RATELIMIT_ENABLED=False, RLHF_AB_MIN_SAMPLE=20)
     register_model(app, micro_model_dir)
     register_model(app, micro_model_dir, name="v2-ppo", status="candidate")
     return app
