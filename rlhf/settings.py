@@ -111,7 +111,15 @@ class PolicySettings:
 
 @dataclass(frozen=True)
 class GateThresholds:
-    min_reward_gain: float = knob(0.0, "candidate mean reward minus parent mean reward must exceed this")
+    min_heldout_pairs: int = knob(8, "fewest held-out preference pairs the gate judges on; with fewer it says "
+                                  "\"not enough evidence\" and the candidate is not passed", low=1)
+    alpha: float = knob(0.05, "significance level of the gate's evidence: the held-out pairs' sign test or the "
+                        "judge's paired gain must show an improvement, and neither a decline, each tested at "
+                        "alpha/2, so a candidate no better than its parent passes at most this often",
+                        above=0.0, high=1.0)
+    min_reward_gain: float = knob(0.0, "judge reward model (trained on held-out pairs, never optimized against): "
+                                  "its gain, candidate minus parent mean reward, must exceed this significantly to "
+                                  "count as evidence")
     max_kl: float = knob(25.0, "largest KL from the parent, in nats per answer, on the candidate's own samples",
                          above=0.0)
     max_empty_rate: float = knob(0.1, "largest share of empty answers", low=0.0, high=1.0)
@@ -126,6 +134,8 @@ class EvalSettings:
     max_new_tokens: int = knob(64, "longest evaluated answer, in tokens", low=1)
     temperature: float = knob(0.8, "sampling temperature of the evaluation", above=0.0, high=5.0)
     seed: int = knob(1234, "sampling seed (the same for candidate and parent)", low=0)
+    max_pairs: int = knob(512, "held-out preference pairs compared, and training pairs the judge's accuracy is "
+                          "measured on (at most)", low=1)
 
 
 @dataclass(frozen=True)
@@ -143,6 +153,9 @@ class CycleSettings:
     def validate(self) -> "CycleSettings":
         check_fields(self)
         self.policy.validate()
+        if self.evaluation.max_pairs < self.gate.min_heldout_pairs:
+            raise ValueError(f"evaluation.max_pairs={self.evaluation.max_pairs} must be >= "
+                             f"gate.min_heldout_pairs={self.gate.min_heldout_pairs} (the gate could never pass)")
         return self
 
     def to_dict(self) -> dict[str, Any]:
