@@ -12,8 +12,8 @@ Two instruments, neither of which the policy was optimized on:
   models' answers to held-out prompts (signed-rank test of its per-prompt gain). It counts only if
   it ranks training pairs, which it never saw, better than a coin.
 
-The candidate passes when at least one instrument shows an improvement and neither a decline
-(each at ``alpha / 2``), and the KL and degeneration checks hold. The run's own reward model
+The candidate passes when the instruments' one-sided p-values, combined by Simes' test, fall
+below ``alpha``, neither shows a decline at ``alpha``, and the KL and degeneration checks hold. The run's own reward model
 (the one PPO/RLOO optimized against) scores the same answers; its gain is reported, labelled as
 such, and never decides: the policy was trained to raise exactly that number. With fewer than
 ``min_heldout_pairs`` held-out pairs the verdict is "not enough evidence" and the candidate is
@@ -260,30 +260,43 @@ def _judge_words(j: dict[str, Any] | None) -> str:
     return words
 
 
+def simes(p_values: list[float]) -> float:
+    """Simes' combination of one-sided p-values, ``min_i k * p_(i) / i`` (sorted ascending): below
+    ``alpha`` when the smallest is below ``alpha / k``, or the two smallest below ``2 alpha / k``, ...
+    A valid test of "no instrument shows an improvement" when the tests are independent or
+    positively dependent (Simes 1986; Sarkar 1998)."""
+    ordered = sorted(p_values)
+    return min(len(ordered) * p / rank for rank, p in enumerate(ordered, start=1))
+
+
+def evidence_p(heldout: dict[str, Any], judge: dict[str, Any] | None) -> float:
+    """The combined p-value of the instruments that count: the held-out pairs' sign test, and the
+    judge's gain when the judge is trusted (decided on training pairs, before the candidate)."""
+    counted = judge is not None and judge.get("trusted")
+    return _p(simes([heldout["p_value"]] + ([judge["p_value"]] if counted else [])))
+
+
 def evidence_reasons(heldout: dict[str, Any], judge: dict[str, Any] | None, t: GateThresholds) -> list[str]:
     """Why the held-out evidence does not (yet) vouch for the candidate; empty when it does.
 
     Two instruments, neither optimized against: the held-out pairs' sign test and a trusted
-    judge's paired gain. The candidate needs an improvement shown by at least one of them and a
-    decline shown by neither, each tested at ``alpha / 2`` (Bonferroni), so a candidate no better
-    than its parent passes with probability at most ``alpha``."""
+    judge's paired gain. Their one-sided p-values, combined by Simes' test, must fall below
+    ``alpha``, and neither may show a decline at ``alpha``."""
     n = heldout["pairs"]
     if n < t.min_heldout_pairs:
         return [f"not enough evidence: {n} held-out preference pairs, the gate needs at least "
                 f"{t.min_heldout_pairs} (training.gate.min_heldout_pairs)"]
-    level = t.alpha / 2
-    counted = judge is not None and judge.get("trusted")
     worse = []
-    if heldout["p_worse"] < level:
+    if heldout["p_worse"] < t.alpha:
         worse.append(f"held-out preferences say worse: {_heldout_words(heldout)}, p(worse) = "
-                     f"{heldout['p_worse']:.3g} < {level:g}")
-    if counted and judge["p_worse"] < level:
-        worse.append(f"the judge says worse: gain {judge['gain']:.3f}, p(worse) = {judge['p_worse']:.3g} < {level:g}")
-    better = heldout["p_value"] < level or (counted and judge["p_value"] < level)
-    if worse or better:
+                     f"{heldout['p_worse']:.3g} < {t.alpha}")
+    if judge is not None and judge.get("trusted") and judge["p_worse"] < t.alpha:
+        worse.append(f"the judge says worse: gain {judge['gain']:.3f}, p(worse) = {judge['p_worse']:.3g} < {t.alpha}")
+    combined = evidence_p(heldout, judge)
+    if worse or combined < t.alpha:
         return worse
-    return [f"no held-out evidence of an improvement (each instrument at alpha/2 = {level:g}): "
-            f"{_heldout_words(heldout)}; {_judge_words(judge)}"]
+    return [f"no held-out evidence of an improvement: {_heldout_words(heldout)}; {_judge_words(judge)}; "
+            f"combined (Simes) p = {combined:.3g}, not below {t.alpha}"]
 
 
 def safety_reasons(kl: float, parent: dict[str, float], cand: dict[str, float], t: GateThresholds) -> list[str]:
@@ -305,14 +318,14 @@ def judged_by(heldout: dict[str, Any], judge: dict[str, Any] | None, t: GateThre
     n = heldout["pairs"]
     if n < t.min_heldout_pairs:
         return [f"nothing: {n} held-out preference pairs, fewer than the {t.min_heldout_pairs} the gate needs"]
-    level = t.alpha / 2
-    out = [f"held-out preferences: implicit reward margin vs the parent on {n} pairs (one-sided sign test at {level:g})"]
+    out = [f"held-out preferences: implicit reward margin vs the parent on {n} pairs (one-sided sign test)"]
     if judge is not None:
         trained = f" trained on {judge['trained_on_pairs']} held-out pairs" if judge.get("trained_on_pairs") else ""
-        test = f"(signed-rank test of its gain over {judge['prompts']} prompts at {level:g}, gain > {t.min_reward_gain})"
-        out.append(f"judge reward model{trained} {test}" if judge.get("trusted") else
+        out.append(f"judge reward model{trained} (signed-rank test of its gain over {judge['prompts']} prompts)"
+                   if judge.get("trusted") else
                    f"judge reward model{trained}: reported, not counted (its accuracy is not shown to beat chance)")
-    return out + ["KL from the parent and degeneration checks"]
+    counted = "both combined by Simes' test" if judge is not None and judge.get("trusted") else "alone"
+    return out + [f"{counted} at alpha {t.alpha}; KL from the parent and degeneration checks"]
 
 
 # ---------------------------------------------------------------------------- the gate
@@ -377,7 +390,7 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
     return {"passed": verdict == PASSED, "verdict": verdict, "reasons": reasons,
             "judged_by": judged_by(heldout, judge, thresholds),
             "heldout": {**heldout, "alpha": thresholds.alpha, "min_pairs": thresholds.min_heldout_pairs},
-            "judge": judge,
+            "judge": judge, "evidence_p": evidence_p(heldout, judge),
             # the run's own reward model: PPO/RLOO optimized against it, so its gain is reported, never decides
             "reward_gain": round(gain, 4),
             "kl_from_parent": round(kl, 4), "prompts": len(prompt_texts) // settings.samples_per_prompt,

@@ -56,8 +56,8 @@ def check_fields(obj: Any, prefix: str = "") -> None:
 
 @dataclass(frozen=True)
 class DataSettings:
-    eval_fraction: float = knob(0.2, "share of conversations held out for evaluation (split by conversation)",
-                                low=0.0, below=1.0)
+    eval_fraction: float = knob(0.2, "share of first questions held out for evaluation, with every conversation "
+                                "that opens with one (split by conversation and question)", low=0.0, below=1.0)
     max_chars: int = knob(2000, "longest prompt or answer kept, in characters; longer items are dropped", low=1)
     min_score_gap_siblings: float = knob(0.5, "smallest score difference that makes two answers to the same "
                                          "question (regenerations) a preference pair", low=0.0)
@@ -113,10 +113,9 @@ class PolicySettings:
 class GateThresholds:
     min_heldout_pairs: int = knob(8, "fewest held-out preference pairs the gate judges on; with fewer it says "
                                   "\"not enough evidence\" and the candidate is not passed", low=1)
-    alpha: float = knob(0.05, "significance level of the gate's evidence: the held-out pairs' sign test or the "
-                        "judge's paired gain must show an improvement, and neither a decline, each tested at "
-                        "alpha/2, so a candidate no better than its parent passes at most this often",
-                        above=0.0, high=1.0)
+    alpha: float = knob(0.05, "significance level of the gate's evidence: the one-sided p-values of the held-out "
+                        "pairs' sign test and of the judge's gain (when the judge counts), combined by Simes' test, "
+                        "must fall below it, and neither may show a decline at this level", above=0.0, high=1.0)
     min_reward_gain: float = knob(0.0, "judge reward model (trained on held-out pairs, never optimized against): "
                                   "its gain, candidate minus parent mean reward, must exceed this significantly to "
                                   "count as evidence")

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlhf import corpus
 from rlhf.evaluation import (EvalSettings, GateThresholds, _logprob, _sample, distinct_n, evaluate_candidate,
                              evidence_reasons, implicit_margins, judge_trust, pair_sequences, paired_gain, repetition,
-                             sequence_logprobs, sign_test)
+                             sequence_logprobs, sign_test, simes)
 from rlhf.loading import load_causal_lm
 from rlhf.policy_training import PolicySettings, train_dpo, train_kto, train_ppo, train_rloo
 from rlhf.reward_model import RewardSettings, load_reward_model, score_texts, train_reward_model
@@ -191,35 +191,42 @@ def test_sign_test_leaves_ties_out_and_reports_wilson_and_the_one_sided_p_value(
     assert result["share"] == 0.875 and result["p_value"] == pytest.approx(9 / 256, rel=1e-3)  # P(X >= 7 | 8, 1/2)
     assert result["p_worse"] == pytest.approx(255 / 256, rel=1e-3)  # P(X <= 7 | 8, 1/2)
     z, n, p = 1.959964, 8, 7 / 8  # Wilson's interval by its formula
-    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
     assert result["ci95"] == pytest.approx([centre - half, centre + half], abs=1e-4)
 
 
 def test_the_verdict_needs_held_out_evidence_of_an_improvement_and_none_of_a_decline():
-    t = GateThresholds()  # alpha 0.05: each instrument at 0.025
+    t = GateThresholds()  # alpha 0.05
     flat = sign_test([0.3] * 6 + [-0.3] * 5)  # 6 of 11: no evidence either way
     better = sign_test([0.3] * 10 + [-0.3])  # 10 of 11, p = 0.0059
+    hint = sign_test([0.3] * 10 + [-0.3] * 3)  # 10 of 13, p = 0.046: a hint, not enough alone with a judge
     worse = sign_test([0.3] + [-0.3] * 10)
-    assert better["p_value"] < 0.025 < flat["p_value"] and worse["p_worse"] < 0.025
+    assert better["p_value"] < 0.025 < hint["p_value"] < 0.05 < flat["p_value"] and worse["p_worse"] < 0.05
     judge = {"trained_on_pairs": 11, "accuracy": 0.8, "accuracy_pairs": 61, **judge_trust(0.8, 61, t.alpha)}
     assert judge["trusted"] and judge["trust_p"] < 1e-5
     gains = paired_gain([0.0] * 34, [1.0 + 0.1 * (i % 3) for i in range(34)], 2, 0.0)  # same prompt: samples i, i+1
     assert gains["prompts"] == 17 and gains["gain"] > 1 and gains["p_value"] < 0.001 and gains["p_worse"] > 0.99
     assert paired_gain([0.0] * 4, [0.1, 0.2, 0.3, 0.4], 1, 0.0)["p_value"] == 0.0625  # 4 prompts can never be enough
     assert paired_gain([0.3] * 8, [0.3] * 8, 2, 0.0) == {"gain": 0.0, "prompts": 4, "p_value": 1.0, "p_worse": 1.0}
+    modest = {**judge, "gain": 0.24, "prompts": 18, "p_value": 0.0333, "p_worse": 0.97}
+    noisy = {**judge, "gain": 0.01, "prompts": 18, "p_value": 0.41, "p_worse": 0.6}
+
+    assert simes([0.0461, 0.0333]) == 0.0461 and simes([0.0461, 0.41]) == 0.0922 and simes([0.3]) == 0.3
     assert evidence_reasons(better, None, t) == []  # the held-out pairs alone can vouch
     assert evidence_reasons(flat, {**judge, **gains}, t) == []  # or a trusted judge alone
+    assert evidence_reasons(hint, modest, t) == []  # or both together, each short of alpha / 2
+    [reason] = evidence_reasons(hint, noisy, t)  # a hint alone is not enough once a judge counts too
+    assert reason.endswith("combined (Simes) p = 0.0923, not below 0.05")  # 2 x 0.04614
     untrusted = {**judge, "accuracy": 0.55, "accuracy_pairs": 20, **judge_trust(0.55, 20, t.alpha), **gains}  # 11 of 20
-    [reason] = evidence_reasons(flat, untrusted, t)
-    assert reason.startswith("no held-out evidence of an improvement (each instrument at alpha/2 = 0.025): "
-                             "held-out preferences: the candidate favours the chosen answer more than the parent on "
-                             "6 of 11 pairs (5 less, 0 tied; share 55% [28%, 79%]), sign test p = 0.5")
+    [reason] = evidence_reasons(flat, untrusted, t)  # a judge no better than a coin does not count, however it votes
+    assert reason.startswith("no held-out evidence of an improvement: held-out preferences: the candidate favours "
+                             "the chosen answer more than the parent on 6 of 11 pairs (5 less, 0 tied; share 55% "
+                             "[28%, 79%]), sign test p = 0.5; judge gain ")
     assert reason.endswith("not counted: its accuracy (55% on 20 pairs it never saw, p = 0.412) is not shown to "
-                           "beat chance")
+                           "beat chance; combined (Simes) p = 0.5, not below 0.05")
     [reason] = evidence_reasons(worse, {**judge, **gains}, t)  # a judge's gain never outweighs a held-out decline
     assert reason.startswith("held-out preferences say worse: ")
-    noisy = paired_gain([0.0] * 16, [0.2, -0.1, 0.1, -0.15, 0.05, -0.05, 0.1, -0.1] * 2, 1, 0.0)
-    assert noisy["p_value"] > 0.025 and evidence_reasons(flat, {**judge, **noisy}, t)
 
 
 def test_held_out_preferences_favour_a_candidate_trained_on_agreeing_pairs(micro_model_dir, reward_dir, dpo_candidate):
@@ -230,6 +237,7 @@ def test_held_out_preferences_favour_a_candidate_trained_on_agreeing_pairs(micro
                                 judge_info={"accuracy": metrics["heldout_accuracy"], "accuracy_pairs": 50})
     h = result["heldout"]
     assert h["pairs"] == 24 and h["share"] > 0.5 and h["p_value"] < 0.025 and h["mean_margin"] > 0
+    assert result["evidence_p"] < 0.05
     assert h["ci95"][0] > 0.5
     assert result["passed"] and result["verdict"] == "passed" and result["reasons"] == []
     assert result["judged_by"][0].startswith("held-out preferences: implicit reward margin vs the parent on 24 pairs")
@@ -249,10 +257,10 @@ def test_gate_does_not_pass_a_copy_of_the_parent(micro_model_dir, reward_dir, tm
     assert h["ties"] == 16 and h["p_value"] == 1.0 and h["mean_margin"] == 0
     assert judge["trusted"] and judge["gain"] == 0.0 and judge["p_value"] == 1.0
     assert same["reward_gain"] == 0.0 and same["kl_from_parent"] == 0.0
-    assert same["reasons"] == [
-        "no held-out evidence of an improvement (each instrument at alpha/2 = 0.025): held-out preferences: the "
-        "candidate favours the chosen answer more than the parent on 0 of 16 pairs (0 less, 16 tied; no pair "
-        "separates them), sign test p = 1; judge gain 0.000 over 8 prompts, p = 1"]
+    assert same["evidence_p"] == 1.0 and same["reasons"] == [
+        "no held-out evidence of an improvement: held-out preferences: the candidate favours the chosen answer more "
+        "than the parent on 0 of 16 pairs (0 less, 16 tied; no pair separates them), sign test p = 1; judge gain "
+        "0.000 over 8 prompts, p = 1; combined (Simes) p = 1, not below 0.05"]
 
 
 def test_gate_says_not_enough_evidence_below_the_minimum_of_held_out_pairs(micro_model_dir, reward_dir, dpo_candidate):

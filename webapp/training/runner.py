@@ -254,6 +254,7 @@ def gate_summary(ev: dict[str, Any]) -> dict[str, Any]:
     the policy was optimized against, which never decides."""
     return {"passed": ev.get("passed"), "verdict": ev.get("verdict"), "reasons": ev.get("reasons"),
             "judged_by": ev.get("judged_by"), "heldout": ev.get("heldout"), "judge": ev.get("judge"),
+            "evidence_p": ev.get("evidence_p"),
             "optimized_against": {"reward_gain": ev.get("reward_gain"), "decides": False},
             "kl_from_parent": ev.get("kl_from_parent"), "before": ev.get("parent"), "after": ev.get("candidate"),
             "prompts": ev.get("prompts")}
