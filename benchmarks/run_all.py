@@ -146,8 +146,10 @@ def rows_cycle(r: dict) -> list[list[str]]:
              _f(r["process_wall_s"] / max(1e-9, t.get("reward", 0) + t.get("policy", 0)), 2), "–", "–"],
             ["stages, s", stages, "–", "–", "–", "–"],
             ["peak RSS of rl-train, MB", _f(r["process_peak_rss_mb"], 0), "–", "–", "–", "–"],
-            ["reward model held-out accuracy; reward gain", f"{_f(rm.get('heldout_accuracy'), 3)}; "
-             f"{_f(ev.get('reward_gain'), 3)} (gate {'passed' if ev.get('passed') else 'failed'})",
+            ["reward model held-out accuracy; optimized-against reward gain (gate verdict)",
+             f"{_f(rm.get('heldout_accuracy'), 3)}; "
+             f"{_f(ev.get('optimized_against', {}).get('reward_gain', ev.get('reward_gain')), 3)} "
+             f"(gate {ev.get('verdict') or ('passed' if ev.get('passed') else 'failed')})",
              "–", "–", "–", "–"]]
 
 

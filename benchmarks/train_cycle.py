@@ -75,8 +75,12 @@ def main() -> None:
           f"prompts {out['data_counts']['prompts']}")
     print(f"reward model: held-out accuracy {out['reward_model']['heldout_accuracy']:.3f} "
           f"({out['reward_model']['eval_pairs']} held-out pairs), train {out['reward_model']['train_accuracy']:.3f}")
-    print(f"held-out mean reward: parent {ev['before']['mean_reward']} -> candidate {ev['after']['mean_reward']} "
-          f"(gain {ev['reward_gain']}), KL {ev['kl_from_parent']}, passed {ev['passed']}")
+    heldout, judge = ev["heldout"], ev["judge"]
+    print(f"evaluation gate: {ev['verdict']}; held-out pairs {heldout['wins']} of {heldout['pairs']} for the candidate "
+          f"(sign test p {heldout['p_value']}), judge gain {judge['gain'] if judge else '–'}, combined p "
+          f"{ev['evidence_p']}, KL {ev['kl_from_parent']}; optimized-against reward "
+          f"{ev['before']['mean_reward']} -> {ev['after']['mean_reward']} "
+          f"(gain {ev['optimized_against']['reward_gain']}, reported only)")
     print(f"version: {out['version']['name']} ({out['version']['status']}), decision {out['decision']}")
     print("stage        wall s   peak RSS MB (process, so far)")
     for stage, secs in out["timings_s"].items():

@@ -1,4 +1,4 @@
-"""One training cycle: feedback records -> datasets -> reward model -> policy -> evaluation gate.
+"""One training cycle: feedback records -> datasets -> reward model -> policy -> judge -> evaluation gate.
 
 Pure ML orchestration: plain records and directories in, directories and a metrics dict out.
 The caller (webapp's training runner) decides where things are stored and what the database
@@ -21,15 +21,15 @@ from .policy_training import train_dpo, train_kto, train_ppo, train_rloo
 from .preference_data import DatasetBundle, build_datasets
 from .records import ConversationRecord
 from .reward_model import train_reward_model
+from .settings import CycleSettings
 from .stage_sizing import DataSize, NotEnoughData, policy_prompts, size_stages  # noqa: F401 (NotEnoughData re-exported)
 from .progress import ProgressFn
-from .settings import CycleSettings
 
 LogFn = Callable[[str], None]
 
-STAGES = ("data", "reward", "policy", "evaluate")
+STAGES = ("data", "reward", "policy", "judge", "evaluate")
 # Share of the whole cycle each stage takes (for one overall progress number).
-STAGE_WEIGHTS = {"data": 0.05, "reward": 0.25, "policy": 0.5, "evaluate": 0.2}
+STAGE_WEIGHTS = {"data": 0.05, "reward": 0.2, "policy": 0.5, "judge": 0.1, "evaluate": 0.15}
 
 
 @dataclass
@@ -65,6 +65,32 @@ def prepare_data(conversations: list[ConversationRecord], settings: CycleSetting
     bundle = build_datasets(conversations, settings.data)
     fit_to_data(settings, bundle)
     return bundle
+
+
+def train_judge(parent_dir: str | Path, bundle: DatasetBundle, out_dir: str | Path, settings: CycleSettings,
+                progress: ProgressFn | None = None) -> dict[str, Any]:
+    """The gate's judge: a reward model trained on the held-out pairs alone. Neither the policy nor
+    the run's reward model saw them, so the policy was never optimized against it. Its accuracy is
+    measured on training pairs it never saw (at most ``evaluation.max_pairs``)."""
+    held_out = bundle.pairs["eval"]
+    reward = replace(settings.reward, batch_size=max(1, min(settings.reward.batch_size, len(held_out))))
+    metrics = train_reward_model(parent_dir, held_out, bundle.pairs["train"][: settings.evaluation.max_pairs],
+                                 out_dir, reward, settings.device, progress, stage="judge")
+    return {"trained_on_pairs": metrics["train_pairs"], "steps": metrics["steps"],
+            "accuracy": None if metrics["heldout_accuracy"] is None else round(metrics["heldout_accuracy"], 4),
+            "accuracy_pairs": metrics["eval_pairs"]}
+
+
+def describe(evaluation: dict[str, Any]) -> str:
+    """The gate's outcome in one log line."""
+    h, judge = evaluation["heldout"], evaluation.get("judge")
+    share = "–" if h["share"] is None else f"{h['share']:.0%}"
+    judged = "–" if judge is None else \
+        f"{judge['gain']} (p = {judge['p_value']:.3g}{'' if judge['trusted'] else ', not counted'})"
+    return (f"evaluate: {evaluation['verdict']}; held-out preferences {h['wins']} of {h['pairs']} pairs "
+            f"(share {share}, p = {h['p_value']:.3g}); judge gain {judged}; optimized-against reward gain "
+            f"{evaluation['reward_gain']} (reported only); KL {evaluation['kl_from_parent']}"
+            + ("" if evaluation["passed"] else ": " + "; ".join(evaluation["reasons"])))
 
 
 def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, reward_dir: str | Path,
@@ -138,16 +164,33 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
     say(f"policy ({algo}): {policy_metrics}")
 
     t0 = time.perf_counter()
-    eval_prompts = [r["prompt"] for r in bundle.prompts["eval"]]
-    if len(eval_prompts) < settings.min_prompts:  # too few held-out prompts: say so, use training ones
-        say(f"evaluate: only {len(eval_prompts)} held-out prompts; adding training prompts")
-        eval_prompts = eval_prompts + train_prompts
-    evaluation = evaluate_candidate(policy_dir, parent_dir, reward_dir, eval_prompts, settings.gate,
-                                    settings.evaluation, settings.device, report)
+    held_out = bundle.pairs["eval"]
+    Path(policy_dir).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".judge-", dir=Path(policy_dir).parent) as scratch:
+        judge_dir, judge_info = None, None
+        report("judge", 0, 1)
+        if len(held_out) >= settings.gate.min_heldout_pairs:
+            judge_dir = Path(scratch) / "judge"
+            judge_info = train_judge(parent_dir, bundle, judge_dir, settings, report)
+            say(f"judge: reward model trained on {judge_info['trained_on_pairs']} held-out pairs, accuracy "
+                f"{judge_info['accuracy']} on {judge_info['accuracy_pairs']} training pairs it never saw")
+        else:
+            say(f"judge: not trained: {len(held_out)} held-out pairs, the gate needs at least "
+                f"{settings.gate.min_heldout_pairs}")
+        report("judge", 1, 1)
+        timings["judge"] = time.perf_counter() - t0
+        peaks["judge"] = peak()
+
+        t0 = time.perf_counter()
+        eval_prompts = [r["prompt"] for r in bundle.prompts["eval"]]
+        if len(eval_prompts) < settings.min_prompts:  # too few held-out prompts: say so, use training ones
+            say(f"evaluate: only {len(eval_prompts)} held-out prompts; adding training prompts")
+            eval_prompts = eval_prompts + train_prompts
+        evaluation = evaluate_candidate(policy_dir, parent_dir, reward_dir, eval_prompts, settings.gate,
+                                        settings.evaluation, settings.device, report, heldout_pairs=held_out,
+                                        judge_dir=judge_dir, judge_info=judge_info)
     timings["evaluate"] = time.perf_counter() - t0
     peaks["evaluate"] = peak()
-    say(f"evaluate: parent reward {evaluation['parent']['mean_reward']}, candidate "
-        f"{evaluation['candidate']['mean_reward']}, KL {evaluation['kl_from_parent']}, "
-        f"{'passed' if evaluation['passed'] else 'failed: ' + '; '.join(evaluation['reasons'])}")
+    say(describe(evaluation))
     return CycleResult(counts=bundle.counts, reward=reward_metrics, policy=policy_metrics, evaluation=evaluation,
                        timings={k: round(v, 2) for k, v in timings.items()}, peak_rss_mb=peaks)

@@ -1,23 +1,48 @@
-"""The evaluation gate: a candidate meets users only if it beats its parent offline.
+"""The evaluation gate: a candidate meets users only if evidence its training never saw says
+it beats its parent.
 
-On held-out prompts both models sample answers with the same settings; the run's reward model
-scores them. The candidate passes when its mean reward is higher by at least
-``min_reward_gain``, its KL from the parent stays below ``max_kl``, and it does not degenerate
-(empty answers, repetition, loss of diversity).
+Two instruments, neither of which the policy was optimized on:
+
+* **held-out preference pairs** (split by conversation; neither the run's reward model nor the
+  policy saw them): the DPO-style implicit reward margin with the parent as reference,
+  ``delta = [log pi_c(chosen) - log pi_p(chosen)] - [log pi_c(rejected) - log pi_p(rejected)]``
+  (summed answer-token log-probabilities given the prompt, rendered with the chat template),
+  counted by a one-sided sign test;
+* a **judge reward model** trained on those held-out pairs only (``rlhf.cycle``), scoring both
+  models' answers to held-out prompts (signed-rank test of its per-prompt gain). It counts only if
+  it ranks training pairs, which it never saw, better than a coin.
+
+The candidate passes when the instruments' one-sided p-values, combined by Simes' test, fall
+below ``alpha``, neither shows a decline at ``alpha``, and the KL and degeneration checks hold. The run's own reward model
+(the one PPO/RLOO optimized against) scores the same answers; its gain is reported, labelled as
+such, and never decides: the policy was trained to raise exactly that number. With fewer than
+``min_heldout_pairs`` held-out pairs the verdict is "not enough evidence" and the candidate is
+not passed.
 """
 from __future__ import annotations
 
+import gc
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
+from scipy.stats import binomtest, wilcoxon
 
 from .loading import load_causal_lm, resolve_device
+from .preference_data import to_standard
 from .reward_model import context_length, load_reward_model, score_texts
 from .progress import ProgressFn
 from .settings import EvalSettings, GateThresholds
+
+# Implicit margins this close to zero (nats) are ties: the candidate does not separate the pair
+# from the parent (a copy of the parent gives exactly 0; float noise on a GPU stays far below).
+TIE_NATS = 1e-4
+# Judge score differences this small are zeros: the same answer scored in another padded batch.
+JUDGE_TIE = 1e-6
+
+PASSED, REJECTED, NOT_ENOUGH_EVIDENCE = "passed", "rejected", "not enough evidence"
 
 
 def repetition(text: str) -> float:
@@ -75,65 +100,303 @@ def _logprob(model: Any, prompt_ids: list[int], answer_ids: list[int]) -> float:
     return logp.gather(1, torch.tensor(answer_ids, device=device)[:, None]).sum().item()
 
 
-def _summary(texts: list[str], rewards: list[float]) -> dict[str, float]:
+def _summary(texts: list[str], rewards: list[float], judge_rewards: list[float] | None = None) -> dict[str, float]:
     n = max(1, len(texts))
-    return {"mean_reward": sum(rewards) / max(1, len(rewards)),
-            "empty_rate": sum(1 for t in texts if not t) / n,
-            "repetition": sum(repetition(t) for t in texts) / n,
-            "distinct2": distinct_n(texts, 2),
-            "mean_words": sum(len(t.split()) for t in texts) / n}
+    out = {"mean_reward": sum(rewards) / max(1, len(rewards)),
+           "empty_rate": sum(1 for t in texts if not t) / n,
+           "repetition": sum(repetition(t) for t in texts) / n,
+           "distinct2": distinct_n(texts, 2),
+           "mean_words": sum(len(t.split()) for t in texts) / n}
+    if judge_rewards is not None:
+        out["judge_reward"] = sum(judge_rewards) / max(1, len(judge_rewards))
+    return out
 
+
+def _scores(reward_dir: str | Path, device: torch.device, tok: Any, prompt_texts: list[str],
+            answers: dict[str, list[str]]) -> dict[str, list[float]]:
+    """Each model's answers scored by the reward model in ``reward_dir`` (loaded, used, released)."""
+    reward, reward_tok = load_reward_model(reward_dir, device)
+    scores = {name: score_texts(reward, reward_tok, [p + " " + t + tok.eos_token if t else p + tok.eos_token
+                                                     for p, t in zip(prompt_texts, texts)])
+              for name, texts in answers.items()}
+    del reward
+    gc.collect()
+    return scores
+
+
+# ---------------------------------------------------------------------------- held-out preferences
+
+def fit_context(prompt: list[int], answer: list[int], context: int) -> tuple[list[int], list[int]]:
+    """Prompt and answer ids cut to ``context`` positions: the prompt loses its start (one token
+    at least stays, to predict the answer's first token), the answer its end only if it alone is
+    too long."""
+    answer = answer[: max(1, context - 1)]
+    return prompt[-(context - len(answer)):], answer
+
+
+def pair_sequences(tok: Any, pairs: list[dict], context: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) for each pair's chosen, then rejected answer: rendered with the chat
+    template as training renders them (``to_standard``), prompt and answer tokenized separately as
+    TRL's DPO does, so the answer ids are what the model would generate after the prompt."""
+    def ids(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    out = []
+    for row in pairs:
+        std = to_standard(row, tok)
+        prompt = ids(std["prompt"])
+        out += [fit_context(prompt, ids(std[key]), context) for key in ("chosen", "rejected")]
+    return out
+
+
+@torch.no_grad()
+def sequence_logprobs(model: Any, items: list[tuple[list[int], list[int]]], pad_id: int,
+                      batch_size: int = 8) -> list[float]:
+    """Sum of log p(answer token | everything before it) over each item's answer ids (right-padded
+    batches; padding never changes a row's numbers beyond float noise)."""
+    device = next(model.parameters()).device
+    sums: list[float] = []
+    for start in range(0, len(items), batch_size):
+        chunk = items[start:start + batch_size]
+        width = max(len(p) + len(a) for p, a in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        answer = torch.zeros(ids.shape, dtype=torch.bool)
+        for row, (p, a) in enumerate(chunk):
+            ids[row, :len(p) + len(a)] = torch.tensor(p + a)
+            mask[row, :len(p) + len(a)] = 1
+            answer[row, len(p):len(p) + len(a)] = True
+        ids, mask, answer = ids.to(device), mask.to(device), answer.to(device)
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+        token_logp = logits.gather(2, ids[:, 1:, None]).squeeze(2) - torch.logsumexp(logits, dim=-1)
+        sums.extend((token_logp * answer[:, 1:]).sum(1).tolist())
+    return sums
+
+
+def implicit_margins(candidate: Any, parent: Any, tok: Any, pairs: list[dict]) -> list[float]:
+    """Per pair, the candidate's implicit reward margin with the parent as reference:
+    ``[log pi_c(chosen) - log pi_p(chosen)] - [log pi_c(rejected) - log pi_p(rejected)]``."""
+    if not pairs:
+        return []
+    seqs = pair_sequences(tok, pairs, min(context_length(candidate), context_length(parent)))
+    cand = sequence_logprobs(candidate, seqs, tok.pad_token_id)
+    par = sequence_logprobs(parent, seqs, tok.pad_token_id)
+    return [(cand[2 * i] - par[2 * i]) - (cand[2 * i + 1] - par[2 * i + 1]) for i in range(len(pairs))]
+
+
+def sign_test(margins: list[float]) -> dict[str, Any]:
+    """How often the candidate favours the chosen answer more than the parent does: wins
+    (margin > 0), losses, ties (|margin| <= TIE_NATS, left out as a sign test leaves them out),
+    the share of wins among the rest with its (two-sided) Wilson 95 % interval, and the one-sided
+    binomial p-values for "better than a coin" (``p_value``) and "worse" (``p_worse``); both 1.0
+    when every pair is a tie."""
+    wins = sum(m > TIE_NATS for m in margins)
+    losses = sum(m < -TIE_NATS for m in margins)
+    decided = wins + losses
+    out: dict[str, Any] = {"pairs": len(margins), "wins": wins, "losses": losses, "ties": len(margins) - decided,
+                           "share": None, "ci95": [None, None], "p_value": 1.0, "p_worse": 1.0,
+                           "mean_margin": round(sum(margins) / len(margins), 4) if margins else None}
+    if decided:
+        # the interval is two-sided (a one-sided test's proportion_ci would reach 1.0)
+        ci = binomtest(wins, decided, 0.5).proportion_ci(confidence_level=0.95, method="wilson")
+        out.update(share=round(wins / decided, 4), ci95=[round(float(ci.low), 4), round(float(ci.high), 4)],
+                   p_value=_p(binomtest(wins, decided, 0.5, alternative="greater").pvalue),
+                   p_worse=_p(binomtest(wins, decided, 0.5, alternative="less").pvalue))
+    return out
+
+
+def _p(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
+# ---------------------------------------------------------------------------- the judge
+
+def judge_trust(accuracy: float | None, pairs: int | None, alpha: float) -> dict[str, Any]:
+    """Whether the judge ranks pairs it never saw better than a coin (one-sided binomial test at
+    ``alpha``): a judge that cannot is no evidence, whatever gain it reports."""
+    if accuracy is None or not pairs:
+        return {"trusted": False, "trust_p": None}
+    p_value = binomtest(round(accuracy * pairs), pairs, 0.5, alternative="greater").pvalue
+    return {"trusted": bool(p_value < alpha), "trust_p": _p(p_value)}
+
+
+def paired_gain(parent: list[float], candidate: list[float], per_prompt: int, min_gain: float) -> dict[str, Any]:
+    """The judge's gain, candidate minus parent, averaged per prompt first (both answered each
+    prompt with the same sampling noise, so the differences are paired; a prompt's samples are not
+    independent of each other), with one-sided Wilcoxon signed-rank p-values for "gain above
+    ``min_gain``" (``p_value``) and "gain below 0" (``p_worse``). Signed ranks assume no normal
+    scores and cannot reach a small p-value on a handful of prompts (six that all gain: 0.016)."""
+    diffs = [sum(candidate[i:i + per_prompt]) / per_prompt - sum(parent[i:i + per_prompt]) / per_prompt
+             for i in range(0, len(parent), per_prompt)]
+    return {"gain": round(sum(diffs) / len(diffs), 4), "prompts": len(diffs),
+            "p_value": _signed_rank_p([d - min_gain for d in diffs], "greater"),
+            "p_worse": _signed_rank_p(diffs, "less")}
+
+
+def _signed_rank_p(values: list[float], alternative: str) -> float:
+    """One-sided Wilcoxon signed-rank p-value; differences within float noise of 0 are zeros
+    (left out), and 1.0 when nothing is left."""
+    values = [v for v in values if abs(v) > JUDGE_TIE]
+    return _p(wilcoxon(values, alternative=alternative).pvalue) if values else 1.0
+
+
+# ---------------------------------------------------------------------------- the verdict
+
+def _heldout_words(h: dict[str, Any]) -> str:
+    shown = "no pair separates them" if h["share"] is None else \
+        f"share {h['share']:.0%} [{h['ci95'][0]:.0%}, {h['ci95'][1]:.0%}]"
+    return (f"held-out preferences: the candidate favours the chosen answer more than the parent on {h['wins']} "
+            f"of {h['pairs']} pairs ({h['losses']} less, {h['ties']} tied; {shown}), sign test p = {h['p_value']:.3g}")
+
+
+def _judge_words(j: dict[str, Any] | None) -> str:
+    if j is None:
+        return "judge: none"
+    words = f"judge gain {j['gain']:.3f} over {j['prompts']} prompts, p = {j['p_value']:.3g}"
+    if not j.get("trusted"):
+        accuracy = "unknown" if j.get("accuracy") is None else \
+            f"{j['accuracy']:.0%} on {j['accuracy_pairs']} pairs it never saw, p = {j['trust_p']:.3g}"
+        words += f", not counted: its accuracy ({accuracy}) is not shown to beat chance"
+    return words
+
+
+def simes(p_values: list[float]) -> float:
+    """Simes' combination of one-sided p-values, ``min_i k * p_(i) / i`` (sorted ascending): below
+    ``alpha`` when the smallest is below ``alpha / k``, or the two smallest below ``2 alpha / k``, ...
+    A valid test of "no instrument shows an improvement" when the tests are independent or
+    positively dependent (Simes 1986; Sarkar 1998)."""
+    ordered = sorted(p_values)
+    return min(len(ordered) * p / rank for rank, p in enumerate(ordered, start=1))
+
+
+def evidence_p(heldout: dict[str, Any], judge: dict[str, Any] | None) -> float:
+    """The combined p-value of the instruments that count: the held-out pairs' sign test, and the
+    judge's gain when the judge is trusted (decided on training pairs, before the candidate)."""
+    counted = judge is not None and judge.get("trusted")
+    return _p(simes([heldout["p_value"]] + ([judge["p_value"]] if counted else [])))
+
+
+def evidence_reasons(heldout: dict[str, Any], judge: dict[str, Any] | None, t: GateThresholds) -> list[str]:
+    """Why the held-out evidence does not (yet) vouch for the candidate; empty when it does.
+
+    Two instruments, neither optimized against: the held-out pairs' sign test and a trusted
+    judge's paired gain. Their one-sided p-values, combined by Simes' test, must fall below
+    ``alpha``, and neither may show a decline at ``alpha``."""
+    n = heldout["pairs"]
+    if n < t.min_heldout_pairs:
+        return [f"not enough evidence: {n} held-out preference pairs, the gate needs at least "
+                f"{t.min_heldout_pairs} (training.gate.min_heldout_pairs)"]
+    worse = []
+    if heldout["p_worse"] < t.alpha:
+        worse.append(f"held-out preferences say worse: {_heldout_words(heldout)}, p(worse) = "
+                     f"{heldout['p_worse']:.3g} < {t.alpha}")
+    if judge is not None and judge.get("trusted") and judge["p_worse"] < t.alpha:
+        worse.append(f"the judge says worse: gain {judge['gain']:.3f}, p(worse) = {judge['p_worse']:.3g} < {t.alpha}")
+    combined = evidence_p(heldout, judge)
+    if worse or combined < t.alpha:
+        return worse
+    return [f"no held-out evidence of an improvement: {_heldout_words(heldout)}; {_judge_words(judge)}; "
+            f"combined (Simes) p = {combined:.3g}, not below {t.alpha}"]
+
+
+def safety_reasons(kl: float, parent: dict[str, float], cand: dict[str, float], t: GateThresholds) -> list[str]:
+    """KL from the parent and degeneration: what a candidate must never do, whatever the evidence."""
+    reasons = []
+    if kl > t.max_kl:
+        reasons.append(f"KL from parent {kl:.2f} exceeds {t.max_kl}")
+    if cand["empty_rate"] > t.max_empty_rate:
+        reasons.append(f"empty answers {cand['empty_rate']:.0%} exceed {t.max_empty_rate:.0%}")
+    if cand["repetition"] > t.max_repetition:
+        reasons.append(f"repetition {cand['repetition']:.2f} exceeds {t.max_repetition}")
+    if parent["distinct2"] and cand["distinct2"] < t.min_distinct2_ratio * parent["distinct2"]:
+        reasons.append(f"distinct-2 fell to {cand['distinct2']:.3f} (parent {parent['distinct2']:.3f})")
+    return reasons
+
+
+def judged_by(heldout: dict[str, Any], judge: dict[str, Any] | None, t: GateThresholds) -> list[str]:
+    """The evidence the verdict rests on, in words (the run page and ``rl-train --json`` show it)."""
+    n = heldout["pairs"]
+    if n < t.min_heldout_pairs:
+        return [f"nothing: {n} held-out preference pairs, fewer than the {t.min_heldout_pairs} the gate needs"]
+    out = [f"held-out preferences: implicit reward margin vs the parent on {n} pairs (one-sided sign test)"]
+    if judge is not None:
+        trained = f" trained on {judge['trained_on_pairs']} held-out pairs" if judge.get("trained_on_pairs") else ""
+        out.append(f"judge reward model{trained} (signed-rank test of its gain over {judge['prompts']} prompts)"
+                   if judge.get("trusted") else
+                   f"judge reward model{trained}: reported, not counted (its accuracy is not shown to beat chance)")
+    counted = "both combined by Simes' test" if judge is not None and judge.get("trusted") else "alone"
+    return out + [f"{counted} at alpha {t.alpha}; KL from the parent and degeneration checks"]
+
+
+# ---------------------------------------------------------------------------- the gate
 
 def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward_dir: str | Path,
                        prompts: list[list[dict]], thresholds: GateThresholds = GateThresholds(),
                        settings: EvalSettings = EvalSettings(), device: str = "auto",
-                       progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Compare candidate and parent on ``prompts``; returns metrics, ``passed`` and ``reasons``."""
+                       progress: ProgressFn | None = None, heldout_pairs: list[dict] | None = None,
+                       judge_dir: str | Path | None = None, judge_info: dict[str, Any] | None = None
+                       ) -> dict[str, Any]:
+    """Compare candidate and parent; returns the evidence, ``passed``, ``verdict`` and ``reasons``.
+
+    ``heldout_pairs``: preference pairs (conversational rows) neither model nor ``reward_dir``
+    trained on; ``judge_dir``: a reward model trained on them alone (``judge_info``: how it was
+    trained, reported with it). ``reward_dir``: the run's own reward model, whose gain is reported
+    and never decides."""
     dev = resolve_device(device)
     candidate, tok = load_causal_lm(candidate_dir, dev)
     parent, _ = load_causal_lm(parent_dir, dev)
-    reward, reward_tok = load_reward_model(reward_dir, dev)
     prompt_texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
                     for p in prompts[: settings.max_prompts]]
     prompt_texts = [t for t in prompt_texts for _ in range(settings.samples_per_prompt)]
     if not prompt_texts:
         raise ValueError("no prompts to evaluate on")
     report = progress or (lambda *a: None)
+    steps = 5
 
-    results = {}
+    samples = {}
     for step, (name, model) in enumerate((("parent", parent), ("candidate", candidate))):
         torch.manual_seed(settings.seed)  # same sampling noise for both
-        texts, p_ids, a_ids = _sample(model, tok, prompt_texts, settings)
-        rewards = score_texts(reward, reward_tok, [p + " " + t + tok.eos_token if t else p + tok.eos_token
-                                                   for p, t in zip(prompt_texts, texts)])
-        results[name] = (texts, p_ids, a_ids, rewards)
-        report("evaluate", step + 1, 3)
-
-    texts, p_ids, a_ids, _ = results["candidate"]
+        samples[name] = _sample(model, tok, prompt_texts, settings)
+        report("evaluate", step + 1, steps)
+    texts, p_ids, a_ids = samples["candidate"]
     kl = sum(_logprob(candidate, p, a) - _logprob(parent, p, a) for p, a in zip(p_ids, a_ids)) / len(a_ids)
-    report("evaluate", 3, 3)
+    report("evaluate", 3, steps)
+    heldout = sign_test(implicit_margins(candidate, parent, tok, list(heldout_pairs or [])[: settings.max_pairs]))
+    report("evaluate", 4, steps)
+    del candidate, parent
+    gc.collect()
 
-    parent_summary = _summary(results["parent"][0], results["parent"][3])
-    cand_summary = _summary(texts, results["candidate"][3])
+    answers = {name: s[0] for name, s in samples.items()}
+    trained = _scores(reward_dir, dev, tok, prompt_texts, answers)
+    judged = _scores(judge_dir, dev, tok, prompt_texts, answers) if judge_dir is not None else None
+    report("evaluate", 5, steps)
+
+    parent_summary = _summary(answers["parent"], trained["parent"], judged and judged["parent"])
+    cand_summary = _summary(texts, trained["candidate"], judged and judged["candidate"])
+    judge = None
+    if judged is not None:
+        info = judge_info or {}
+        judge = {**info, **judge_trust(info.get("accuracy"), info.get("accuracy_pairs"), thresholds.alpha),
+                 "parent_mean": round(parent_summary["judge_reward"], 4),
+                 "candidate_mean": round(cand_summary["judge_reward"], 4),
+                 **paired_gain(judged["parent"], judged["candidate"], settings.samples_per_prompt,
+                               thresholds.min_reward_gain)}
     gain = cand_summary["mean_reward"] - parent_summary["mean_reward"]
-    reasons = []
-    if gain <= thresholds.min_reward_gain:
-        reasons.append(f"mean reward gain {gain:.3f} is not above {thresholds.min_reward_gain}")
-    if kl > thresholds.max_kl:
-        reasons.append(f"KL from parent {kl:.2f} exceeds {thresholds.max_kl}")
-    if cand_summary["empty_rate"] > thresholds.max_empty_rate:
-        reasons.append(f"empty answers {cand_summary['empty_rate']:.0%} exceed {thresholds.max_empty_rate:.0%}")
-    if cand_summary["repetition"] > thresholds.max_repetition:
-        reasons.append(f"repetition {cand_summary['repetition']:.2f} exceeds {thresholds.max_repetition}")
-    if parent_summary["distinct2"] and \
-            cand_summary["distinct2"] < thresholds.min_distinct2_ratio * parent_summary["distinct2"]:
-        reasons.append(f"distinct-2 fell to {cand_summary['distinct2']:.3f} "
-                       f"(parent {parent_summary['distinct2']:.3f})")
+    reasons = evidence_reasons(heldout, judge, thresholds) + safety_reasons(kl, parent_summary, cand_summary,
+                                                                           thresholds)
+    verdict = NOT_ENOUGH_EVIDENCE if heldout["pairs"] < thresholds.min_heldout_pairs else \
+        (REJECTED if reasons else PASSED)
     rnd = lambda d: {k: round(v, 4) for k, v in d.items()}  # noqa: E731
-    return {"passed": not reasons, "reasons": reasons, "prompts": len(prompt_texts) // settings.samples_per_prompt,
+    return {"passed": verdict == PASSED, "verdict": verdict, "reasons": reasons,
+            "judged_by": judged_by(heldout, judge, thresholds),
+            "heldout": {**heldout, "alpha": thresholds.alpha, "min_pairs": thresholds.min_heldout_pairs},
+            "judge": judge, "evidence_p": evidence_p(heldout, judge),
+            # the run's own reward model: PPO/RLOO optimized against it, so its gain is reported, never decides
+            "reward_gain": round(gain, 4),
+            "kl_from_parent": round(kl, 4), "prompts": len(prompt_texts) // settings.samples_per_prompt,
             "samples": len(prompt_texts), "parent": rnd(parent_summary), "candidate": rnd(cand_summary),
-            "reward_gain": round(gain, 4), "kl_from_parent": round(kl, 4), "thresholds": asdict(thresholds),
+            "thresholds": asdict(thresholds),
             "examples": [{"prompt": prompts[i // settings.samples_per_prompt][-1]["content"],
-                          "parent": results["parent"][0][i], "candidate": texts[i]}
+                          "parent": answers["parent"][i], "candidate": texts[i]}
                          for i in range(0, min(len(texts), 6 * settings.samples_per_prompt),
                                         settings.samples_per_prompt)]}

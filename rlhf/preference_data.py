@@ -17,9 +17,12 @@ Rules (each produces rows tagged with their ``source``):
 * sft (``prompt``/``completion``): the positive half of the kto rows.
 * prompts (``prompt``): every user turn with its history, for PPO/RLOO rollouts.
 
-Conversations are split into train and held-out by a hash of their id, so no conversation
-(and no pair built from one) is on both sides. Duplicates, empty and over-long items are
-dropped and every count is reported.
+Conversations are split into train and held-out by a hash of their first question, so no
+conversation (and no pair built from one) is on both sides, and every conversation that opens
+with the same question is on the same side: held-out questions are ones training never saw, and
+same_prompt pairs are never lost at the boundary (split by conversation, the held-out side kept
+only about ``eval_fraction ** 2`` of them). Duplicates, empty and over-long items are dropped and
+every count is reported.
 """
 from __future__ import annotations
 
@@ -44,10 +47,22 @@ class DatasetBundle:
     counts: dict[str, Any] = field(default_factory=dict)
 
 
-def split_of(conversation_id: int, settings: DataSettings) -> str:
-    """"eval" for a stable ``eval_fraction`` of conversations, else "train"."""
-    digest = hashlib.sha256(f"{settings.seed}:{conversation_id}".encode()).digest()
+def split_of(key: int | str, settings: DataSettings) -> str:
+    """"eval" for a stable ``eval_fraction`` of keys (a hash: raising the fraction only moves keys
+    from train to eval), else "train"."""
+    digest = hashlib.sha256(f"{settings.seed}:{key}".encode()).digest()
     return "eval" if int.from_bytes(digest[:8], "big") / 2**64 < settings.eval_fraction else "train"
+
+
+def question_key(text: str) -> str:
+    """A question as the split and same_prompt pairing compare it (case and outer spaces ignored)."""
+    return text.strip().lower()
+
+
+def conversation_split(conv: ConversationRecord, settings: DataSettings) -> str:
+    """The side of a conversation: that of its first question (its id when it has none)."""
+    first = min((m for m in conv.messages if m.role == "user"), key=lambda m: m.id, default=None)
+    return split_of(f"question:{question_key(first.content)}" if first else conv.id, settings)
 
 
 def _history(msg: MessageRecord, by_id: dict[int, MessageRecord]) -> Messages:
@@ -112,7 +127,7 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
 
     for conv in conversations:
         totals["conversations"] += 1
-        split = split_of(conv.id, settings)
+        split = conversation_split(conv, settings)
         by_id = {m.id: m for m in conv.messages}
         children: dict[int, list[MessageRecord]] = defaultdict(list)
         for m in conv.messages:
@@ -137,7 +152,7 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
             if score is not None:
                 _add_kto(kto, split, prompt, m.content, score > 0, "rating")
                 if len(prompt) == 1 and score != 0:
-                    by_question[prompt[0]["content"].strip().lower()].append(
+                    by_question[question_key(prompt[0]["content"])].append(
                         (split, conv.id, prompt, m.content, score))
             if fb.correction and fb.correction.strip() != m.content.strip():
                 totals["corrections"] += 1

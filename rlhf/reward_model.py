@@ -78,10 +78,11 @@ def tokenized_pairs(tokenizer: Any, rows: list[dict], max_length: int) -> list[d
 
 def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pairs: list[dict], out_dir: str | Path,
                        settings: RewardSettings = RewardSettings(), device: str = "auto",
-                       progress: ProgressFn | None = None, logs: Any = None) -> dict[str, Any]:
+                       progress: ProgressFn | None = None, logs: Any = None, stage: str = "reward"
+                       ) -> dict[str, Any]:
     """Train on conversational pairs (``preference_data`` rows); save to ``out_dir``; return metrics
-    including held-out pairwise accuracy. ``logs`` (rlhf.curves.TrainingLogs): where the
-    per-step logs go (training curves, TensorBoard)."""
+    including pairwise accuracy on ``eval_pairs``. ``logs`` (rlhf.curves.TrainingLogs): where the
+    per-step logs go (training curves, TensorBoard); ``stage``: the name progress is reported under."""
     from trl import RewardConfig, RewardTrainer
 
     quiet_trl()
@@ -113,9 +114,9 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
             seed=settings.seed, data_seed=settings.seed, use_cpu=dev.type == "cpu", dataloader_num_workers=0,
             **training_precision(dev))
         trainer = RewardTrainer(model=model, args=args, train_dataset=train_ds, processing_class=tokenizer,
-                                callbacks=[ProgressCallback(progress, "reward")] if progress else None)
+                                callbacks=[ProgressCallback(progress, stage)] if progress else None)
         drop_printer(trainer)
-        attach_logs(trainer, logs, "reward", "reward")
+        attach_logs(trainer, logs, stage, "reward")
         result = trainer.train()
     model = trainer.model.eval()
     # Training accuracy as TRL logged it over the last epoch's steps: scoring every training pair

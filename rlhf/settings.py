@@ -56,8 +56,8 @@ def check_fields(obj: Any, prefix: str = "") -> None:
 
 @dataclass(frozen=True)
 class DataSettings:
-    eval_fraction: float = knob(0.2, "share of conversations held out for evaluation (split by conversation)",
-                                low=0.0, below=1.0)
+    eval_fraction: float = knob(0.2, "share of first questions held out for evaluation, with every conversation "
+                                "that opens with one (split by conversation and question)", low=0.0, below=1.0)
     max_chars: int = knob(2000, "longest prompt or answer kept, in characters; longer items are dropped", low=1)
     min_score_gap_siblings: float = knob(0.5, "smallest score difference that makes two answers to the same "
                                          "question (regenerations) a preference pair", low=0.0)
@@ -111,7 +111,14 @@ class PolicySettings:
 
 @dataclass(frozen=True)
 class GateThresholds:
-    min_reward_gain: float = knob(0.0, "candidate mean reward minus parent mean reward must exceed this")
+    min_heldout_pairs: int = knob(8, "fewest held-out preference pairs the gate judges on; with fewer it says "
+                                  "\"not enough evidence\" and the candidate is not passed", low=1)
+    alpha: float = knob(0.05, "significance level of the gate's evidence: the one-sided p-values of the held-out "
+                        "pairs' sign test and of the judge's gain (when the judge counts), combined by Simes' test, "
+                        "must fall below it, and neither may show a decline at this level", above=0.0, high=1.0)
+    min_reward_gain: float = knob(0.0, "judge reward model (trained on held-out pairs, never optimized against): "
+                                  "its gain, candidate minus parent mean reward, must exceed this significantly to "
+                                  "count as evidence")
     max_kl: float = knob(25.0, "largest KL from the parent, in nats per answer, on the candidate's own samples",
                          above=0.0)
     max_empty_rate: float = knob(0.1, "largest share of empty answers", low=0.0, high=1.0)
@@ -126,6 +133,8 @@ class EvalSettings:
     max_new_tokens: int = knob(64, "longest evaluated answer, in tokens", low=1)
     temperature: float = knob(0.8, "sampling temperature of the evaluation", above=0.0, high=5.0)
     seed: int = knob(1234, "sampling seed (the same for candidate and parent)", low=0)
+    max_pairs: int = knob(512, "held-out preference pairs compared, and training pairs the judge's accuracy is "
+                          "measured on (at most)", low=1)
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,9 @@ class CycleSettings:
     def validate(self) -> "CycleSettings":
         check_fields(self)
         self.policy.validate()
+        if self.evaluation.max_pairs < self.gate.min_heldout_pairs:
+            raise ValueError(f"evaluation.max_pairs={self.evaluation.max_pairs} must be >= "
+                             f"gate.min_heldout_pairs={self.gate.min_heldout_pairs} (the gate could never pass)")
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -693,3 +693,59 @@ def test_run_page_shows_the_settings_the_run_trained_with(setup):
     assert re.search(r'<tr data-setting="training.algorithm" class="changed">.*?<code>dpo</code>', html)
     assert re.search(r'<tr data-setting="training.policy.beta">.*?<code>0.1</code>', html)  # a default, recorded too
     assert "stall_seconds" not in html.split('data-testid="run-settings"')[1].split("</details>")[0]
+
+
+def test_run_page_shows_what_judged_the_candidate_and_labels_the_optimized_against_gain(setup):
+    """The gate's evidence as the run stored it (rlhf.evaluation): held-out pairs, their share
+    with its interval and p-value, the judge's gain; the optimized-against gain only labelled."""
+    from webapp.training.runner import gate_summary
+
+    app, _ = setup
+    row = {"mean_reward": 0.1, "empty_rate": 0.0, "repetition": 0.0, "distinct2": 0.6, "mean_words": 20.0}
+    evaluation = {
+        "passed": True, "verdict": "passed", "reasons": [], "reward_gain": 0.912, "kl_from_parent": 1.5,
+        "judged_by": ["held-out preferences: implicit reward margin vs the parent on 14 pairs (sign test, alpha 0.05)",
+                      "judge reward model trained on 14 held-out pairs (gain > 0.0)",
+                      "KL from the parent and degeneration checks"],
+        "heldout": {"pairs": 14, "wins": 12, "losses": 2, "ties": 0, "share": 0.8571, "ci95": [0.6006, 0.9599],
+                    "p_value": 0.006470, "mean_margin": 2.31, "alpha": 0.05, "min_pairs": 8},
+        "judge": {"trained_on_pairs": 14, "steps": 40, "accuracy": 0.93, "accuracy_pairs": 61, "trusted": True,
+                  "trust_p": 1e-12, "parent_mean": -0.2, "candidate_mean": 0.35, "gain": 0.55, "prompts": 19,
+                  "p_value": 0.0004, "p_worse": 0.99},
+        "evidence_p": 0.0008,
+        "parent": {**row, "judge_reward": -0.2}, "candidate": {**row, "mean_reward": 1.012, "judge_reward": 0.35}}
+    short = {**evaluation, "passed": False, "verdict": "not enough evidence", "judge": None,
+             "reasons": ["not enough evidence: 3 held-out preference pairs, the gate needs at least 8 "
+                         "(training.gate.min_heldout_pairs)"],
+             "judged_by": ["nothing: 3 held-out preference pairs, fewer than the 8 the gate needs"],
+             "heldout": {**evaluation["heldout"], "pairs": 3, "wins": 3, "losses": 0, "share": 1.0}}
+    with app.app_context():
+        runs = [TrainingRun(trigger="cli", algorithm="ppo", status="succeeded",
+                            metrics={"decision": decision, "evaluation": ev})
+                for decision, ev in (("candidate", evaluation), ("rejected_by_gate", short))]
+        db.session.add_all(runs)
+        db.session.commit()
+        ids = [r.id for r in runs]
+    admin = Admin(app)
+    html = admin.get(f"/admin/runs/{ids[0]}").get_data(as_text=True)
+    verdict = html.split('data-testid="gate-verdict">')[1].split("</p>")[0]
+    assert "<b>passed</b>" in verdict
+    assert "Judged by: held-out preferences: implicit reward margin vs the parent on 14 pairs" in html
+    evidence = html.split('data-testid="gate-evidence"')[1].split("</table>")[0]
+    assert re.search(r'data-evidence="heldout-pairs">.*?<td>14 \(the gate needs at least 8\)</td>', evidence)
+    assert "12 of 14 pairs (2 less, 0 tied) · share 85.7% [95% CI 60.1%, 96.0%]" in evidence
+    assert "p = 0.00647 · mean margin 2.310 nats" in evidence
+    assert ("gain 0.550 (-0.200 → 0.350), signed-rank p = 0.0004 over 19 prompts · trained on 14 held-out pairs, "
+            "accuracy 93.0% on 61 training pairs it never saw</td>") in evidence
+    assert re.search(r'data-evidence="combined">.*?<td>p = 0.0008 \(must be below 0.05\)</td>', evidence)
+    optimized = html.split('data-testid="optimized-gain">')[1].split("</p>")[0]
+    assert "optimized against 0.912 (reported only: it never decides)" in optimized
+    html = admin.get(f"/admin/runs/{ids[1]}").get_data(as_text=True)
+    verdict = html.split('data-testid="gate-verdict">')[1].split("</p>")[0]
+    assert "<b>not enough evidence</b>" in verdict and "3 held-out preference pairs, the gate needs at least 8" in verdict
+    assert "not trained (too few held-out pairs)" in html
+    # rl-train --json carries the same evidence
+    out = gate_summary(evaluation)
+    assert out["heldout"]["pairs"] == 14 and out["judge"]["gain"] == 0.55 and out["verdict"] == "passed"
+    assert out["evidence_p"] == 0.0008
+    assert out["optimized_against"] == {"reward_gain": 0.912, "decides": False}

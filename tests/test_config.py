@@ -109,6 +109,9 @@ def test_bad_values_in_the_settings_files_name_the_file(tmp_path):
         ("config.toml", "[training.policy\n", "is not valid TOML"),
         ("config.toml", "[training.policy]\nbatch_size = 10\nmini_batches = 4\n",
          "batch_size must be a multiple of mini_batches"),
+        ("config.toml", "[training.gate]\nmin_heldout_pairs = 20\n[training.evaluation]\nmax_pairs = 10\n",
+         "evaluation.max_pairs=10 must be >= gate.min_heldout_pairs=20 (the gate could never pass)"),
+        ("config.toml", "[training.gate]\nalpha = 0\n", "training.gate.alpha=0"),
     ]
     for name, text, needle in cases:
         for f in ("config.py", "config.toml"):

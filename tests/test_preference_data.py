@@ -72,18 +72,26 @@ def test_unpaired_ratings_pair_up_across_conversations_with_the_same_question():
         assert int(good.split()[1]) % 2 == 1 and int(bad.split()[1]) % 2 == 0
 
 
-def test_split_is_by_conversation_and_never_leaks():
+def test_split_is_by_first_question_and_never_leaks():
+    """A conversation and every pair built from it stay on one side, and so does every
+    conversation opening with the same question: held-out questions are new to training, and
+    answers to one question in different conversations still pair up (same_prompt) on either side."""
     settings = DataSettings(eval_fraction=0.5)
     records = [conv(i, [(f"good {i}", FeedbackRecord(thumb="up")), (f"bad {i}", FeedbackRecord(thumb="down"))],
-                    question=f"Question {i % 3}?") for i in range(1, 41)]
+                    question=f"Question {i % 8}?" + " " * (i % 2)) for i in range(1, 41)]
     b = build_datasets(records, settings)
     assert b.pairs["train"] and b.pairs["eval"]
+    side = {i: split_of(f"question:question {i % 8}?", settings) for i in range(1, 41)}
     for split in ("train", "eval"):
         for row in b.pairs[split] + b.kto[split]:
             for key in ("chosen", "rejected", "completion"):
                 if key in row:
-                    cid = int(row[key][0]["content"].split()[1])
-                    assert split_of(cid, settings) == split
+                    assert side[int(row[key][0]["content"].split()[1])] == split
+        questions = {r["prompt"][0]["content"].strip() for r in b.prompts[split]}
+        assert questions == {f"Question {i % 8}?" for i in side if side[i] == split}
+    # no same_prompt pair is lost at the boundary: as many as with nothing held out
+    everything = build_datasets(records, ALL_TRAIN).counts["pairs_by_source"]["same_prompt"]
+    assert b.counts["pairs_by_source"]["same_prompt"] == everything > 0
     assert split_of(7, settings) == split_of(7, settings)
 
 

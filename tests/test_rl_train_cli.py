@@ -75,6 +75,13 @@ def test_full_cycle_registers_a_version_and_recovers_a_dead_run(instance):
     assert out["status"] == "succeeded" and out["data_counts"]["events"] == events
     assert out["reward_model"]["heldout_accuracy"] is not None and out["reward_model"]["train_pairs"] > 0
     assert out["evaluation"]["before"]["mean_reward"] is not None and out["evaluation"]["after"]["mean_reward"] is not None
+    ev, held_out = out["evaluation"], out["data_counts"]["pairs"]["eval"]
+    assert ev["heldout"]["pairs"] == held_out and ev["optimized_against"]["decides"] is False
+    if held_out < 8:  # the default training.gate.min_heldout_pairs
+        assert ev["verdict"] == "not enough evidence" and ev["judge"] is None and not ev["passed"]
+    else:  # the judge learned from the held-out pairs alone and was checked on training pairs
+        assert ev["judge"]["trained_on_pairs"] == held_out
+        assert ev["judge"]["accuracy_pairs"] == out["reward_model"]["train_pairs"]
     assert out["policy"]["algorithm"] == "ppo" and out["policy"]["updates"] == 2
     assert (result.exit_code == 0) == (out["decision"] == "candidate") == out["evaluation"]["passed"]
     version = out["version"]
@@ -89,6 +96,26 @@ def test_full_cycle_registers_a_version_and_recovers_a_dead_run(instance):
     assert runs[0][0] == "failed" and "died" in runs[0][1]  # the dead run was recovered
     assert runs[1] == ("succeeded", None)
     assert versions == [("v1-base", "active"), ("v2-ppo", version["status"])]  # active unchanged
+
+
+def test_a_cycle_with_enough_held_out_pairs_is_judged_by_them_and_a_judge_trained_on_them(instance):
+    seed_feedback(make_app(instance), 60, preference="detailed", correction_rate=1.0, vote_rate=1.0)
+    result = cli("rl-train", "--min-feedback", "10")
+    assert result.exit_code in (0, 3), result.output
+    assert "reward gain on the reward model the policy was optimized against (reported, never decides)" in result.output
+    app = make_app(instance)
+    with app.app_context():
+        run = db.session.scalars(db.select(TrainingRun)).one()
+        ev, counts, timings = run.metrics["evaluation"], run.feedback_counts["pairs"], run.metrics["timings"]
+        log = run.log
+    assert counts["eval"] >= 8 and ev["heldout"]["pairs"] == counts["eval"]
+    assert ev["verdict"] in ("passed", "rejected") and (result.exit_code == 0) == ev["passed"]
+    judge = ev["judge"]
+    assert judge["trained_on_pairs"] == counts["eval"] and judge["accuracy_pairs"] == counts["train"]
+    assert judge["prompts"] == ev["prompts"] and isinstance(judge["trusted"], bool)
+    assert ev["judged_by"][1].startswith(f"judge reward model trained on {counts['eval']} held-out pairs")
+    assert f"judge: reward model trained on {counts['eval']} held-out pairs" in log and timings["judge"] > 0
+    assert f"evaluation gate: {ev['verdict']}; judged by: held-out preferences" in result.output
 
 
 def test_alternative_algorithm_and_hyperparameters_from_the_settings_file(instance):

@@ -9,7 +9,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlhf import corpus
-from rlhf.evaluation import EvalSettings, GateThresholds, _sample, distinct_n, evaluate_candidate, repetition
+from rlhf.evaluation import (EvalSettings, GateThresholds, _logprob, _sample, distinct_n, evaluate_candidate,
+                             evidence_reasons, implicit_margins, judge_trust, pair_sequences, paired_gain, repetition,
+                             sequence_logprobs, sign_test, simes)
 from rlhf.loading import load_causal_lm
 from rlhf.policy_training import PolicySettings, train_dpo, train_kto, train_ppo, train_rloo
 from rlhf.reward_model import RewardSettings, load_reward_model, score_texts, train_reward_model
@@ -152,12 +154,130 @@ def test_gate_rejects_a_degenerate_candidate(micro_model_dir, reward_dir, tmp_pa
     assert result["candidate"]["distinct2"] < result["parent"]["distinct2"]
 
 
-def test_gate_passes_only_a_real_improvement(micro_model_dir, reward_dir, tmp_path):
-    rm_path, _ = reward_dir
-    same = evaluate_candidate(micro_model_dir, micro_model_dir, rm_path, prompts(8), device="cpu",
-                              settings=EvalSettings(max_new_tokens=24))
-    assert not same["passed"] and same["reward_gain"] == 0.0 and same["kl_from_parent"] == 0.0
-    assert "mean reward gain" in same["reasons"][0]
+@pytest.fixture(scope="module")
+def dpo_candidate(micro_model_dir, tmp_path_factory):
+    """A few DPO steps on helpful-over-rude pairs: a candidate the held-out pairs agree with."""
+    out = tmp_path_factory.mktemp("dpo") / "policy"
+    settings = PolicySettings(**{**MICRO_POLICY.__dict__, "max_steps": 8, "learning_rate": 1e-3})
+    train_dpo(micro_model_dir, clean_pairs(64, 2), out, settings, device="cpu")
+    return out
+
+
+def test_implicit_margin_of_the_parent_against_itself_is_exactly_zero(micro_model_dir):
+    model, tok = load_causal_lm(micro_model_dir, "cpu")
+    margins = implicit_margins(model, model, tok, clean_pairs(12, 5))
+    assert margins == [0.0] * 12
+    assert sign_test(margins) == {"pairs": 12, "wins": 0, "losses": 0, "ties": 12, "share": None, "ci95": [None, None],
+                                  "p_value": 1.0, "p_worse": 1.0, "mean_margin": 0.0}
+
+
+def test_batched_answer_logprobs_equal_one_sequence_at_a_time(micro_model_dir):
+    """Right padding and batching change nothing: each pair's answer log-probability is the sum
+    over its answer tokens alone, as a single unpadded forward pass computes it."""
+    model, tok = load_causal_lm(micro_model_dir, "cpu")
+    rows = clean_pairs(5, 6)
+    rows[0]["prompt"][0]["content"] += " please" * 400  # longer than the context: the prompt's start goes
+    seqs = pair_sequences(tok, rows, model.config.n_positions)
+    assert all(len(p) + len(a) <= model.config.n_positions for p, a in seqs)
+    assert tok.decode(seqs[0][0]).endswith("Assistant:") and seqs[0][1][-1] == tok.eos_token_id
+    batched = sequence_logprobs(model, seqs, tok.pad_token_id, batch_size=4)
+    single = [_logprob(model, p, a) for p, a in seqs]
+    assert batched == pytest.approx(single, abs=1e-3)
+
+
+def test_sign_test_leaves_ties_out_and_reports_wilson_and_the_one_sided_p_value():
+    result = sign_test([0.5] * 7 + [-0.2] + [0.0] * 3)
+    assert (result["pairs"], result["wins"], result["losses"], result["ties"]) == (11, 7, 1, 3)
+    assert result["share"] == 0.875 and result["p_value"] == pytest.approx(9 / 256, rel=1e-3)  # P(X >= 7 | 8, 1/2)
+    assert result["p_worse"] == pytest.approx(255 / 256, rel=1e-3)  # P(X <= 7 | 8, 1/2)
+    z, n, p = 1.959964, 8, 7 / 8  # Wilson's interval by its formula
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    assert result["ci95"] == pytest.approx([centre - half, centre + half], abs=1e-4)
+
+
+def test_the_verdict_needs_held_out_evidence_of_an_improvement_and_none_of_a_decline():
+    t = GateThresholds()  # alpha 0.05
+    flat = sign_test([0.3] * 6 + [-0.3] * 5)  # 6 of 11: no evidence either way
+    better = sign_test([0.3] * 10 + [-0.3])  # 10 of 11, p = 0.0059
+    hint = sign_test([0.3] * 10 + [-0.3] * 3)  # 10 of 13, p = 0.046: a hint, not enough alone with a judge
+    worse = sign_test([0.3] + [-0.3] * 10)
+    assert better["p_value"] < 0.025 < hint["p_value"] < 0.05 < flat["p_value"] and worse["p_worse"] < 0.05
+    judge = {"trained_on_pairs": 11, "accuracy": 0.8, "accuracy_pairs": 61, **judge_trust(0.8, 61, t.alpha)}
+    assert judge["trusted"] and judge["trust_p"] < 1e-5
+    gains = paired_gain([0.0] * 34, [1.0 + 0.1 * (i % 3) for i in range(34)], 2, 0.0)  # same prompt: samples i, i+1
+    assert gains["prompts"] == 17 and gains["gain"] > 1 and gains["p_value"] < 0.001 and gains["p_worse"] > 0.99
+    assert paired_gain([0.0] * 4, [0.1, 0.2, 0.3, 0.4], 1, 0.0)["p_value"] == 0.0625  # 4 prompts can never be enough
+    assert paired_gain([0.3] * 8, [0.3] * 8, 2, 0.0) == {"gain": 0.0, "prompts": 4, "p_value": 1.0, "p_worse": 1.0}
+    modest = {**judge, "gain": 0.24, "prompts": 18, "p_value": 0.0333, "p_worse": 0.97}
+    noisy = {**judge, "gain": 0.01, "prompts": 18, "p_value": 0.41, "p_worse": 0.6}
+
+    assert simes([0.0461, 0.0333]) == 0.0461 and simes([0.0461, 0.41]) == 0.0922 and simes([0.3]) == 0.3
+    assert evidence_reasons(better, None, t) == []  # the held-out pairs alone can vouch
+    assert evidence_reasons(flat, {**judge, **gains}, t) == []  # or a trusted judge alone
+    assert evidence_reasons(hint, modest, t) == []  # or both together, each short of alpha / 2
+    [reason] = evidence_reasons(hint, noisy, t)  # a hint alone is not enough once a judge counts too
+    assert reason.endswith("combined (Simes) p = 0.0923, not below 0.05")  # 2 x 0.04614
+    untrusted = {**judge, "accuracy": 0.55, "accuracy_pairs": 20, **judge_trust(0.55, 20, t.alpha), **gains}  # 11 of 20
+    [reason] = evidence_reasons(flat, untrusted, t)  # a judge no better than a coin does not count, however it votes
+    assert reason.startswith("no held-out evidence of an improvement: held-out preferences: the candidate favours "
+                             "the chosen answer more than the parent on 6 of 11 pairs (5 less, 0 tied; share 55% "
+                             "[28%, 79%]), sign test p = 0.5; judge gain ")
+    assert reason.endswith("not counted: its accuracy (55% on 20 pairs it never saw, p = 0.412) is not shown to "
+                           "beat chance; combined (Simes) p = 0.5, not below 0.05")
+    [reason] = evidence_reasons(worse, {**judge, **gains}, t)  # a judge's gain never outweighs a held-out decline
+    assert reason.startswith("held-out preferences say worse: ")
+
+
+def test_held_out_preferences_favour_a_candidate_trained_on_agreeing_pairs(micro_model_dir, reward_dir, dpo_candidate):
+    rm_path, metrics = reward_dir
+    held_out = clean_pairs(24, 7)  # never trained on: DPO saw clean_pairs(64, 2)
+    result = evaluate_candidate(dpo_candidate, micro_model_dir, rm_path, prompts(8), device="cpu",
+                                settings=EvalSettings(max_new_tokens=24), heldout_pairs=held_out, judge_dir=rm_path,
+                                judge_info={"accuracy": metrics["heldout_accuracy"], "accuracy_pairs": 50})
+    h = result["heldout"]
+    assert h["pairs"] == 24 and h["share"] > 0.5 and h["p_value"] < 0.025 and h["mean_margin"] > 0
+    assert result["evidence_p"] < 0.05
+    assert h["ci95"][0] > 0.5
+    assert result["passed"] and result["verdict"] == "passed" and result["reasons"] == []
+    assert result["judged_by"][0].startswith("held-out preferences: implicit reward margin vs the parent on 24 pairs")
+
+
+def test_gate_does_not_pass_a_copy_of_the_parent(micro_model_dir, reward_dir, tmp_path):
+    import shutil
+
+    rm_path, metrics = reward_dir
+    shutil.copytree(micro_model_dir, tmp_path / "copy")
+    same = evaluate_candidate(tmp_path / "copy", micro_model_dir, rm_path, prompts(8), device="cpu",
+                              settings=EvalSettings(max_new_tokens=24), heldout_pairs=clean_pairs(16, 7),
+                              judge_dir=rm_path, judge_info={"accuracy": metrics["heldout_accuracy"],
+                                                             "accuracy_pairs": 50})
+    assert not same["passed"] and same["verdict"] == "rejected"
+    h, judge = same["heldout"], same["judge"]
+    assert h["ties"] == 16 and h["p_value"] == 1.0 and h["mean_margin"] == 0
+    assert judge["trusted"] and judge["gain"] == 0.0 and judge["p_value"] == 1.0
+    assert same["reward_gain"] == 0.0 and same["kl_from_parent"] == 0.0
+    assert same["evidence_p"] == 1.0 and same["reasons"] == [
+        "no held-out evidence of an improvement: held-out preferences: the candidate favours the chosen answer more "
+        "than the parent on 0 of 16 pairs (0 less, 16 tied; no pair separates them), sign test p = 1; judge gain "
+        "0.000 over 8 prompts, p = 1; combined (Simes) p = 1, not below 0.05"]
+
+
+def test_gate_says_not_enough_evidence_below_the_minimum_of_held_out_pairs(micro_model_dir, reward_dir, dpo_candidate):
+    rm_path, metrics = reward_dir
+    result = evaluate_candidate(dpo_candidate, micro_model_dir, rm_path, prompts(8), device="cpu",
+                                settings=EvalSettings(max_new_tokens=24), heldout_pairs=clean_pairs(3, 7),
+                                judge_dir=rm_path, judge_info={"accuracy": metrics["heldout_accuracy"],
+                                                               "accuracy_pairs": 50})
+    assert not result["passed"] and result["verdict"] == "not enough evidence"
+    assert result["reasons"][0] == ("not enough evidence: 3 held-out preference pairs, the gate needs at least 8 "
+                                    "(training.gate.min_heldout_pairs)")
+    assert result["heldout"]["pairs"] == 3 and result["judged_by"][0].startswith("nothing: 3 held-out")
+    # the optimized-against reward model alone never passes a candidate, however large its gain
+    alone = evaluate_candidate(dpo_candidate, micro_model_dir, rm_path, prompts(8), device="cpu",
+                               thresholds=GateThresholds(min_reward_gain=-100.0, max_kl=1e9),
+                               settings=EvalSettings(max_new_tokens=24))
+    assert not alone["passed"] and alone["verdict"] == "not enough evidence"
 
 
 def test_evaluation_samples_keep_the_end_of_prompts_longer_than_the_context(micro_model_dir):

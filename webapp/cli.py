@@ -164,8 +164,14 @@ def rl_train_command(algorithm: str | None, min_feedback: int | None, max_steps:
         click.echo(f"Run #{result['run_id']} {result['status']}: {version['name']} registered as {version['status']}")
         click.echo(f"  reward model held-out accuracy: {rm['heldout_accuracy']} "
                    f"({rm['train_pairs']} train / {rm['eval_pairs']} held-out pairs)")
-        click.echo(f"  held-out mean reward: parent {ev['before']['mean_reward']} -> candidate "
-                   f"{ev['after']['mean_reward']} (gain {ev['reward_gain']}), KL {ev['kl_from_parent']}")
+        click.echo(f"  evaluation gate: {ev['verdict']}; judged by: {'; '.join(ev['judged_by'] or [])}")
+        heldout, judge = ev["heldout"] or {}, ev["judge"]
+        click.echo(f"  held-out preferences: candidate ahead of the parent on {heldout.get('wins')} of "
+                   f"{heldout.get('pairs')} pairs (share {heldout.get('share')}, 95% CI {heldout.get('ci95')}, "
+                   f"sign test p {heldout.get('p_value')}); judge reward gain "
+                   f"{judge['gain'] if judge else 'not measured'}; KL {ev['kl_from_parent']}")
+        click.echo(f"  reward gain on the reward model the policy was optimized against (reported, never decides): "
+                   f"{ev['optimized_against']['reward_gain']}")
         if not ev["passed"]:
             click.echo(f"  rejected by the evaluation gate: {'; '.join(ev['reasons'])}")
     if result["decision"] == "rejected_by_gate":

@@ -143,7 +143,7 @@ class Settings:
                                           "control", "Experiments", above=0.0)
     experiment_split: float = setting(0.5, "variant share of automatically started experiments", "Experiments",
                                       above=0.0, below=1.0)
-    ab_min_sample: int = setting(30, "observations per arm before a metric is judged", "Experiments", low=1)
+    ab_min_sample: int = setting(30, "users with data per arm before a metric is judged", "Experiments", low=1)
     compare_rate: float = setting(0.1, "share of questions answered side by side while an experiment runs",
                                   "Experiments", low=0.0, high=1.0)
     # rate limits

@@ -188,8 +188,9 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
             def move_policy(tmp: Path) -> dict:
                 for item in (workdir / "policy").iterdir():
                     os.rename(item, tmp / item.name)
-                return {"evaluation": {k: result.evaluation[k] for k in
-                                       ("passed", "reasons", "reward_gain", "kl_from_parent")}}
+                return {"evaluation": {k: result.evaluation.get(k) for k in
+                                       ("passed", "verdict", "reasons", "judged_by", "heldout", "judge",
+                                        "reward_gain", "kl_from_parent")}}
 
             name, path, _ = registry.write_version(
                 cfg["MODEL_STORE"], algorithm, move_policy, name=next_version_name(algorithm),
@@ -237,9 +238,7 @@ def summary(run: TrainingRun, version: ModelVersion | None) -> dict[str, Any]:
                          ("heldout_accuracy", "train_accuracy", "train_pairs", "eval_pairs", "steps", "train_loss")}
         | {"path": m.get("reward_model_path")},
         "policy": m.get("policy"),
-        "evaluation": {"before": ev.get("parent"), "after": ev.get("candidate"), "reward_gain": ev.get("reward_gain"),
-                       "kl_from_parent": ev.get("kl_from_parent"), "passed": ev.get("passed"),
-                       "reasons": ev.get("reasons"), "prompts": ev.get("prompts")},
+        "evaluation": gate_summary(ev),
         "version": ({"id": version.id, "name": version.name, "status": version.status, "path": version.path,
                      "parent": version.parent.name if version.parent else None} if version else None),
         "decision": m.get("decision"),
@@ -247,6 +246,18 @@ def summary(run: TrainingRun, version: ModelVersion | None) -> dict[str, Any]:
         "peak_rss_mb": m.get("peak_rss_mb"),
         "error": run.error,
     }
+
+
+def gate_summary(ev: dict[str, Any]) -> dict[str, Any]:
+    """The evaluation gate's part of the summary: the verdict, the evidence that judged (held-out
+    preference pairs, the judge reward model) and, labelled as such, the gain on the reward model
+    the policy was optimized against, which never decides."""
+    return {"passed": ev.get("passed"), "verdict": ev.get("verdict"), "reasons": ev.get("reasons"),
+            "judged_by": ev.get("judged_by"), "heldout": ev.get("heldout"), "judge": ev.get("judge"),
+            "evidence_p": ev.get("evidence_p"),
+            "optimized_against": {"reward_gain": ev.get("reward_gain"), "decides": False},
+            "kl_from_parent": ev.get("kl_from_parent"), "before": ev.get("parent"), "after": ev.get("candidate"),
+            "prompts": ev.get("prompts")}
 
 
 def dumps(data: Any) -> str:

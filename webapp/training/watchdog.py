@@ -34,7 +34,7 @@ def model_megaparameters(path: str | Path) -> float:
 
 def auto_max_seconds(settings: CycleSettings, size: DataSize, parent_path: str | Path) -> float:
     """A run's time limit when RLHF_RUN_MAX_SECONDS is 0: 30 minutes, plus 2 s per unit of
-    training work (a PPO/RLOO episode, a DPO/KTO row per epoch, a reward pair per epoch), scaled
+    training work (a PPO/RLOO episode, a DPO/KTO row per epoch, a reward or judge pair per epoch), scaled
     up for models above 10 M parameters. Generous on purpose: a cycle on the embedded model does
     about 700 units in ~1 minute on 2 idle cores; the limit only catches runs that will never end
     (a run that stops making progress is caught much sooner by the stall limit)."""
@@ -44,7 +44,9 @@ def auto_max_seconds(settings: CycleSettings, size: DataSize, parent_path: str |
     else:
         rows = size.train_pairs if settings.algorithm == "dpo" else size.kto_good + size.kto_bad
         policy_units = rows * p.epochs
-    units = policy_units + size.train_pairs * settings.reward.epochs + settings.evaluation.max_prompts
+    # reward pairs: the run's reward model (training pairs) and the gate's judge (held-out pairs)
+    pairs = size.train_pairs + size.eval_pairs
+    units = policy_units + pairs * settings.reward.epochs + settings.evaluation.max_prompts
     return round(1800.0 + 2.0 * units * max(1.0, model_megaparameters(parent_path) / 10.0))
 
 
