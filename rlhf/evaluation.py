@@ -315,6 +315,9 @@ def safety_reasons(kl: float, parent: dict[str, float], cand: dict[str, float], 
 
 def judged_by(heldout: dict[str, Any], judge: dict[str, Any] | None, t: GateThresholds) -> list[str]:
     """The evidence the verdict rests on, in words (the run page and ``rl-train --json`` show it)."""
+    if t.evidence == "reported":
+        return ["KL from the parent and degeneration checks only: the held-out evidence is reported, not "
+                "required (training.gate.evidence = reported)"]
     n = heldout["pairs"]
     if n < t.min_heldout_pairs:
         return [f"nothing: {n} held-out preference pairs, fewer than the {t.min_heldout_pairs} the gate needs"]
@@ -382,10 +385,15 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
                  **paired_gain(judged["parent"], judged["candidate"], settings.samples_per_prompt,
                                thresholds.min_reward_gain)}
     gain = cand_summary["mean_reward"] - parent_summary["mean_reward"]
-    reasons = evidence_reasons(heldout, judge, thresholds) + safety_reasons(kl, parent_summary, cand_summary,
-                                                                           thresholds)
-    verdict = NOT_ENOUGH_EVIDENCE if heldout["pairs"] < thresholds.min_heldout_pairs else \
-        (REJECTED if reasons else PASSED)
+    evidence = evidence_reasons(heldout, judge, thresholds)
+    safety = safety_reasons(kl, parent_summary, cand_summary, thresholds)
+    if thresholds.evidence == "reported":  # the evidence is shown, only safety decides
+        reasons = safety
+        verdict = REJECTED if safety else PASSED
+    else:
+        reasons = evidence + safety
+        verdict = NOT_ENOUGH_EVIDENCE if heldout["pairs"] < thresholds.min_heldout_pairs else \
+            (REJECTED if reasons else PASSED)
     rnd = lambda d: {k: round(v, 4) for k, v in d.items()}  # noqa: E731
     return {"passed": verdict == PASSED, "verdict": verdict, "reasons": reasons,
             "judged_by": judged_by(heldout, judge, thresholds),

@@ -116,6 +116,9 @@ class GateThresholds:
     alpha: float = knob(0.05, "significance level of the gate's evidence: the one-sided p-values of the held-out "
                         "pairs' sign test and of the judge's gain (when the judge counts), combined by Simes' test, "
                         "must fall below it, and neither may show a decline at this level", above=0.0, high=1.0)
+    evidence: str = knob("required", "`required`: the held-out evidence decides; `reported`: it is computed and shown "
+                         "but only the KL and degeneration checks decide (development and tests on models too "
+                         "small to learn; the run page says so)", choices=("required", "reported"))
     min_reward_gain: float = knob(0.0, "judge reward model (trained on held-out pairs, never optimized against): "
                                   "its gain, candidate minus parent mean reward, must exceed this significantly to "
                                   "count as evidence")

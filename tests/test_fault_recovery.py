@@ -413,3 +413,34 @@ def test_killed_training_process_never_interrupts_serving(tmp_path, micro_model_
         chatter.stop.set()
         server.stop()
         print("\nkill test:", json.dumps(numbers))
+
+
+def test_housekeeping_leaves_a_queued_run_whose_child_has_not_started_yet(tmp_path, micro_model_dir):
+    """spawn_training writes the queued row, then starts rl-train, which takes the training lock a
+    few seconds later. Housekeeping in between holds the lock, but that proves nothing about a run
+    whose child is still starting: it must not be marked dead (it used to be, and the run then
+    trained under a stale "died" error). Old queued rows and rows of dead processes are recovered."""
+    import socket
+    from datetime import timedelta
+
+    from webapp.core.extensions import db
+    from webapp.core.models import TrainingRun, utcnow
+    from webapp.training.scheduler import housekeeping_tick
+
+    app = make_app(tmp_path / "instance")
+    register_model(app, micro_model_dir)
+    with app.app_context():
+        rows = {"just queued": TrainingRun(trigger="schedule", status="queued", hostname=socket.gethostname()),
+                "queued long ago": TrainingRun(trigger="schedule", status="queued", hostname=socket.gethostname(),
+                                               created_at=utcnow() - timedelta(hours=1)),
+                "child died": TrainingRun(trigger="schedule", status="queued", hostname=socket.gethostname(),
+                                          pid=2**22 + 12345),  # above Linux's largest pid: never alive
+                "running, lock free": TrainingRun(trigger="cli", status="running", pid=2**22 + 12346, hostname="gone")}
+        db.session.add_all(rows.values())
+        db.session.commit()
+        ids = {name: run.id for name, run in rows.items()}
+        housekeeping_tick()
+        db.session.expire_all()
+        status = {name: db.session.get(TrainingRun, i).status for name, i in ids.items()}
+    assert status == {"just queued": "queued", "queued long ago": "failed", "child died": "failed",
+                      "running, lock free": "failed"}

@@ -255,7 +255,8 @@ def test_small_loop_closes_by_itself(tmp_path, micro_model_dir):
     env = {"RLHF_SCHEDULER": "1", "RLHF_RETRAIN_INTERVAL_SECONDS": "1", "RLHF_MONITOR_INTERVAL_SECONDS": "1",
            "RLHF_RETRAIN_MIN_FEEDBACK": "30", "RLHF_PPO_EPISODES": "32", "RLHF_DEVICE": "cpu",
            # micro models learn little: let any candidate through the gate so the loop can be observed
-           "RLHF_GATE_MIN_REWARD_GAIN": "-1000", "RLHF_GATE_MAX_KL": "1e9", "RLHF_COMPARE_RATE": "0",
+           # (the held-out evidence is reported, not required; only the safety checks decide)
+           "RLHF_TRAINING_GATE_EVIDENCE": "reported", "RLHF_GATE_MAX_KL": "1e9", "RLHF_COMPARE_RATE": "0",
            "RLHF_MIN_PAIRS": "3"}
     server = LiveServer(inst, env=env)
     try:

@@ -47,11 +47,27 @@ def training_lock() -> Iterator[None]:
         yield
 
 
+# A queued run's child takes the lock a few seconds after its row is written (interpreter and
+# ML imports); until then the row is not stale.
+QUEUED_GRACE_SECONDS = 120.0
+
+
+def _about_to_start(run: TrainingRun) -> bool:
+    """A queued run whose rl-train child is alive on this host, or just written and not started
+    yet: holding the lock before it does proves nothing about it."""
+    if run.status != "queued":
+        return False
+    if run.pid and run.hostname == socket.gethostname():
+        return _pid_is_training(run.pid)
+    return (utcnow() - run.created_at).total_seconds() < QUEUED_GRACE_SECONDS
+
+
 def recover_stale_runs(keep: int | None = None) -> list[int]:
     """Runs still marked running/queued while we hold the lock belong to dead processes (except
-    ``keep``: the queued run the caller is about to take over)."""
+    ``keep``: the queued run the caller is about to take over, and queued runs whose child has
+    not taken the lock yet)."""
     stale = [r for r in db.session.scalars(db.select(TrainingRun).where(TrainingRun.status.in_(("running", "queued"))))
-             if r.id != keep]
+             if r.id != keep and not _about_to_start(r)]
     for run in stale:
         run.status = "failed"
         run.error = (f"process {run.pid} on {run.hostname} died during stage {run.stage or 'start'} "
@@ -125,3 +141,20 @@ def spawn_training(algorithm: str | None = None, max_steps: int | None = None, t
     return run.id, proc
 
 
+def _pid_is_training(pid: int) -> bool:
+    """True if ``pid`` is alive (not a zombie) and is an ``rl-train`` process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path(f"/proc/{pid}")
+    if not proc.is_dir():  # no procfs: trust the pid
+        return True
+    try:
+        if proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+        return b"rl-train" in proc.joinpath("cmdline").read_bytes()
+    except (OSError, IndexError):
+        return False

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the ML stack is imported by the run itself, not by the web 
 
 from webapp.core.extensions import db
 from webapp.core.models import TrainingRun, utcnow
-from webapp.training.runs import EXIT_FAILED
+from webapp.training.runs import EXIT_FAILED, _pid_is_training
 
 
 def model_megaparameters(path: str | Path) -> float:
@@ -89,25 +89,6 @@ def run_health(run: TrainingRun, now: datetime | None = None) -> dict[str, Any]:
                    else f"running for {elapsed:.0f} s; stopped at {most:.0f} s")
     return {"quiet_seconds": round(quiet, 1), "elapsed_seconds": round(elapsed, 1), "late": late,
             "overdue": reason, "message": message or reason, **limits}
-
-
-def _pid_is_training(pid: int) -> bool:
-    """True if ``pid`` is alive (not a zombie) and is an ``rl-train`` process."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    proc = Path(f"/proc/{pid}")
-    if not proc.is_dir():  # no procfs: trust the pid
-        return True
-    try:
-        if proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-        return b"rl-train" in proc.joinpath("cmdline").read_bytes()
-    except (OSError, IndexError):
-        return False
 
 
 def _kill_run_process(pid: int, grace: float = 10.0) -> bool:
