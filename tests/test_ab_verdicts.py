@@ -93,13 +93,21 @@ def test_metrics_are_computed_over_users(two_versions):
                                       message_b_id=b.id, winner="b"))
             db.session.add(Feedback(user_id=users["c1"].id, message_id=b.id, thumb="down"))
         db.session.commit()
-        data = experiment_metrics(db.session.get(Experiment, exp_id), PromotionPolicy())
+        data = experiment_metrics(db.session.get(Experiment, exp_id), PromotionPolicy(user_cap=0))
+        capped = experiment_metrics(db.session.get(Experiment, exp_id), PromotionPolicy())
     rows = {m["name"]: m for m in data["metrics"]}
     assert data["arms"]["control"]["users"] == 3 and data["arms"]["variant"]["users"] == 2
     thumbs = rows["thumbs_up_rate"]
     assert (thumbs["variant"]["value"], thumbs["variant"]["n"], thumbs["variant"]["observations"]) == (30 / 31, 2, 31)
     assert (thumbs["control"]["value"], thumbs["control"]["n"], thumbs["control"]["users"]) == (0.5, 2, 3)
     assert rows["mean_rating"]["variant"]["value"] == pytest.approx(52 / 11)
+    # by default each user weighs one unit: the heavy user's 30 thumbs up count as one user's rate
+    # (1.0) beside v1's (0.0); the observations are still counted as they are
+    capped_rows = {m["name"]: m for m in capped["metrics"]}
+    thumbs = capped_rows["thumbs_up_rate"]
+    assert (thumbs["variant"]["value"], thumbs["variant"]["observations"]) == (pytest.approx(0.5), 31)
+    assert capped_rows["mean_rating"]["variant"]["value"] == pytest.approx((5 + 2) / 2)
+    assert capped["policy"]["user_cap"] == 1.0
     assert rows["correction_rate"]["control"]["value"] == pytest.approx(1 / 2)
     win = rows["compare_win_rate"]
     assert win["votes"] == {"variant_wins": 2, "control_wins": 0, "ties": 0} and win["variant"]["n"] == 1
@@ -114,7 +122,7 @@ def test_metrics_are_computed_over_users(two_versions):
          "latency_sum": 40, "wins": 2},
         {"arm": "control", "answers": 1, "thumbs": 1, "ratings": 1, "rating_sum": 2, "corrections": 1, "timed": 1,
          "latency_sum": 40},
-        {"arm": "control"}]), 0.5, app.config["RLHF_AB_MIN_SAMPLE"], PromotionPolicy())
+        {"arm": "control"}]), 0.5, app.config["RLHF_AB_MIN_SAMPLE"], PromotionPolicy(user_cap=0))
     for got, want in zip(data["metrics"], expected["metrics"]):
         for key in ("control", "variant", "comparison", "sequential", "enough_data"):
             assert _same(got[key], want[key]), (got["name"], key)
@@ -192,3 +200,26 @@ def test_the_validity_benchmark_runs_the_real_decision_path():
         assert sum(final[a]["count"] for a in ab_validity.ACTIONS) == 3
     exp = ab_validity.simulate(np.random.default_rng(0), ab_validity.SCENARIOS["aa"], pop)
     assert exp["rated"].sum() == 300 and set(np.unique(exp["arm"])) == {0, 1}
+
+
+def test_each_user_weighs_one_unit_however_much_they_rate():
+    """One user with 200 thumbs down in the variant (a script, or one very active person) among
+    40 users who each rate a few answers: with the default cap they move the variant's rate as one
+    user does; without it they sink it and the verdict."""
+    from webapp.experiments.table import capped
+
+    num, den = capped(np.array([3.0, 0.0, 1.0]), np.array([4.0, 200.0, 1.0]), 1.0)
+    assert list(num) == pytest.approx([0.75, 0.0, 1.0]) and list(den) == pytest.approx([1.0, 1.0, 1.0])
+    same = capped(np.array([3.0, 0.0]), np.array([4.0, 200.0]), 0.0)
+    assert list(same[1]) == [4.0, 200.0]
+    light = [{"arm": arm, "answers": 3, "thumbs": 3, "ups": 2} for arm in ("control", "variant") for _ in range(20)]
+    heavy = {"arm": "variant", "answers": 200, "thumbs": 200, "ups": 0}
+    users = user_table(light + [heavy])
+    rows = {m["name"]: m for m in metrics_table(users, 0.5, 10, PromotionPolicy())["metrics"]}
+    uncapped = {m["name"]: m for m in metrics_table(users, 0.5, 10, PromotionPolicy(user_cap=0))["metrics"]}
+    assert rows["thumbs_up_rate"]["variant"]["value"] == pytest.approx(20 * (2 / 3) / 21)
+    assert rows["thumbs_up_rate"]["variant"]["observations"] == 260
+    assert uncapped["thumbs_up_rate"]["variant"]["value"] == pytest.approx(40 / 260)
+    assert uncapped["thumbs_up_rate"]["sequential"]["high"] < 0 < rows["thumbs_up_rate"]["sequential"]["high"]
+    with pytest.raises(ValueError, match="user cap"):
+        PromotionPolicy(user_cap=-1)

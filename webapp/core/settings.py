@@ -143,6 +143,10 @@ class Settings:
                                           "control", "Experiments", above=0.0)
     experiment_split: float = setting(0.5, "variant share of automatically started experiments", "Experiments",
                                       above=0.0, below=1.0)
+    ab_user_cap: float = setting(1.0, "most weight one user has in an A/B metric: a user's thumbs, ratings, votes, "
+                                 "... are scaled to count as at most this many observations (1: every user is one "
+                                 "unit however much they rate, so no heavy user or script steers a verdict; 0: no "
+                                 "cap, every observation counts)", "Experiments", low=0.0)
     ab_min_sample: int = setting(30, "users with data per arm before a metric is judged", "Experiments", low=1)
     compare_rate: float = setting(0.1, "share of questions answered side by side while an experiment runs",
                                   "Experiments", low=0.0, high=1.0)

@@ -9,8 +9,7 @@ monitor looks; the fixed-horizon p-values in the table are for reference only:
 * promote -- the primary metric has enough users with data in both arms and its sequential
              interval lies entirely on the better side, and every guardrail (thumbs, rating,
              compare votes) with enough data clears: its sequential interval rules out a loss of
-             a typical effect (5 points, a quarter star), or it looks no worse than control and
-             its interval rules out a loss of two typical effects;
+             a typical effect (5 points, a quarter star) -- a sequential non-inferiority test;
 * retire  -- the primary metric's sequential interval lies entirely on the worse side, or a
              guardrail's does (a harm is proven, whatever the primary says), or the maximum
              duration has passed without a result (keep the control);
@@ -19,7 +18,12 @@ monitor looks; the fixed-horizon p-values in the table are for reference only:
 The guardrail rule only ever withholds a promotion, so it cannot raise the false-promotion rate
 the primary metric's sequence guarantees; it keeps a variant that is better on the primary
 metric but worse on what users say from being promoted while that harm is still too small to be
-significant (benchmarks/ab_validity.py, guardrail scenario).
+significant (benchmarks/ab_validity.py, guardrail scenario). It is always-valid too: the
+sequence covers the true difference at every look with probability at least 1 - alpha, so a
+guardrail that is truly worse by a typical effect or more clears at *any* look with probability
+at most alpha, however often the monitor looks. (An earlier rule also cleared a guardrail that
+merely looked no worse at one look; a true loss between one and two typical effects then slipped
+through at some look: 1.8 % of the guardrail scenario's variants at tuning 500.)
 """
 from __future__ import annotations
 
@@ -32,8 +36,9 @@ from webapp.experiments.stats import SEQUENTIAL_TUNING
 
 @dataclass(frozen=True)
 class PromotionPolicy:
-    """The policy's settings: RLHF_PRIMARY_METRIC, RLHF_PROMOTE_ALPHA, RLHF_EXPERIMENT_MAX_HOURS and
-    RLHF_SEQUENTIAL_TUNING; the power and typical effects are reporting choices, not settings."""
+    """The policy's settings: RLHF_PRIMARY_METRIC, RLHF_PROMOTE_ALPHA, RLHF_EXPERIMENT_MAX_HOURS,
+    RLHF_SEQUENTIAL_TUNING and RLHF_AB_USER_CAP; the power and typical effects are reporting
+    choices, not settings."""
 
     primary_metric: str = "thumbs_up_rate"
     alpha: float = 0.05
@@ -41,6 +46,8 @@ class PromotionPolicy:
     # GrowthBook's sequentialTuningParameter: the number of users (both arms) at which the
     # confidence sequence is tightest; it stays valid at any other size, only wider.
     sequential_tuning: float = SEQUENTIAL_TUNING
+    # the most observations one user's data counts as in a metric (RLHF_AB_USER_CAP; 0: no cap)
+    user_cap: float = 1.0
     # power reported for the primary metric, and the "typical effect" it is computed for
     power: float = 0.8
     typical_effect_rate: float = 0.05  # rates and the compare win rate: 5 points
@@ -50,6 +57,8 @@ class PromotionPolicy:
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1:
             raise ValueError(f"alpha must be between 0 and 1, got {self.alpha}")
+        if self.user_cap < 0:
+            raise ValueError(f"the user cap must be >= 0 (0: no cap), got {self.user_cap}")
         if self.sequential_tuning <= 0 or not 0 < self.power < 1:
             raise ValueError("the sequential tuning parameter must be positive and power between 0 and 1")
 
@@ -59,7 +68,8 @@ def policy_from_config(config: Mapping[str, Any]) -> PromotionPolicy:
     their defaults)."""
     return PromotionPolicy(primary_metric=str(config["RLHF_PRIMARY_METRIC"]), alpha=float(config["RLHF_PROMOTE_ALPHA"]),
                            max_hours=float(config["RLHF_EXPERIMENT_MAX_HOURS"]),
-                           sequential_tuning=float(config.get("RLHF_SEQUENTIAL_TUNING", SEQUENTIAL_TUNING)))
+                           sequential_tuning=float(config.get("RLHF_SEQUENTIAL_TUNING", SEQUENTIAL_TUNING)),
+                           user_cap=float(config.get("RLHF_AB_USER_CAP", 1.0)))
 
 
 @dataclass(frozen=True)
@@ -97,18 +107,15 @@ def _oriented(value: float, row: dict[str, Any]) -> float:
 
 
 def unsafe(row: dict[str, Any], policy: PromotionPolicy) -> bool:
-    """A guardrail with enough data that is not cleared for a promotion. It clears when its
-    sequential interval rules out a loss of a typical effect (``policy.typical_effect_*``), or
-    when it looks no worse than control and its interval rules out a loss of two: a guardrail
-    measured too loosely to see a real loss does not clear by looking fine by chance."""
-    seq, diff = row.get("sequential") or {}, (row.get("comparison") or {}).get("diff")
-    if not row.get("enough_data") or diff is None or seq.get("low") is None:
+    """A guardrail with enough data that is not cleared for a promotion: its sequential interval
+    does not rule out a loss of a typical effect (``policy.typical_effect_*``). A sequential
+    non-inferiority test with margin = that effect: valid at every look."""
+    seq = row.get("sequential") or {}
+    if not row.get("enough_data") or seq.get("low") is None:
         return False
     margin = policy.typical_effect_rating if row["name"] == "mean_rating" else policy.typical_effect_rate
     worst = min(_oriented(seq["low"], row), _oriented(seq["high"], row))
-    if worst > -margin:
-        return False
-    return _oriented(diff, row) < 0 or worst <= -2 * margin
+    return worst <= -margin
 
 
 def _numbers(row: dict[str, Any], metrics: dict[str, Any], hours_running: float) -> dict[str, Any]:
@@ -178,6 +185,6 @@ def decide(metrics: dict[str, Any], settings: PromotionPolicy, hours_running: fl
         return Decision("retire", f"no significant result on {row['name']} after {settings.max_hours} h", numbers)
     if primary == "better":
         numbers["guardrails_unsafe"] = unsafe_guards
-        return Decision("wait", f"variant better on {row['name']}, but it looks worse on {', '.join(unsafe_guards)} "
-                                f"and a loss of a typical effect there is not ruled out yet", numbers)
+        return Decision("wait", f"variant better on {row['name']}, but a loss of a typical effect on "
+                                f"{', '.join(unsafe_guards)} is not ruled out yet", numbers)
     return Decision("wait", _waiting(row, metrics.get("min_sample")), numbers)

@@ -1,9 +1,10 @@
 """The metrics table of an experiment from per-user rows: pure, no Flask, no database.
 
 Users are the unit of analysis (they are what is randomized): each user's answers, thumbs,
-ratings, corrections, regenerations and compare votes are summed first, one row per user, and
-every metric is a ratio of sums over users with its delta-method variance
-(:func:`webapp.experiments.stats.ratio_arm`). ``webapp.experiments.metrics`` builds the rows from
+ratings, corrections, regenerations and compare votes are summed first, one row per user, each
+user's sums are scaled to weigh at most ``policy.user_cap`` observations (by default one: a user
+counts once however much they rate), and every metric is a ratio of sums over users with its
+delta-method variance (:func:`webapp.experiments.stats.ratio_arm`). ``webapp.experiments.metrics`` builds the rows from
 the database; ``benchmarks/ab_validity.py`` feeds simulated ones. Both get the same table, which
 the promotion policy (:mod:`webapp.experiments.promotion`) decides on.
 """
@@ -37,6 +38,17 @@ def user_table(rows: Iterable[Mapping[str, Any]]) -> UserTable:
     for field in FIELDS:
         table[field] = np.array([float(r.get(field, 0) or 0) for r in rows], dtype=float)
     return table
+
+
+def capped(num: np.ndarray, den: np.ndarray, cap: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each user's numerator and denominator scaled so the denominator is at most ``cap``
+    (0: unchanged). A user's rate is kept; only their weight in the arm's ratio is bounded, so
+    one person who rates a hundred answers (or a script) counts as ``cap`` observations. With
+    cap 1 the ratio is the mean over users of each user's own rate."""
+    if cap <= 0:
+        return num, den
+    scale = np.minimum(1.0, cap / np.maximum(den, 1e-12))
+    return num * scale, den * scale
 
 
 def _column(users: UserTable, name: str) -> np.ndarray:
@@ -96,9 +108,9 @@ def _fields(obj: Any) -> dict[str, Any]:
     return dict(vars(obj))
 
 
-def _estimate(arm: ab_stats.RatioArm, kind: str, alpha: float) -> dict[str, Any]:
+def _estimate(arm: ab_stats.RatioArm, kind: str, alpha: float, observations: float) -> dict[str, Any]:
     bounds = (0.0, 1.0) if kind in ("proportion", "win_rate") else None
-    return _fields(ab_stats.ratio_estimate(arm, alpha, bounds)) | {"users": arm.users, "observations": arm.total}
+    return _fields(ab_stats.ratio_estimate(arm, alpha, bounds)) | {"users": arm.users, "observations": observations}
 
 
 def _flip(est: dict[str, Any]) -> dict[str, Any]:
@@ -117,13 +129,14 @@ def metric_row(users: UserTable, spec: tuple[str, str, str, bool, str, str], min
     policy's primary metric the power of the sequential test. ``masks``: each arm's users."""
     name, label, kind, higher, num_col, den_col = spec
     masks = masks or (users["arm"] == 0, users["arm"] == 1)
-    num, den = _column(users, num_col), _column(users, den_col)
+    raw_den = _column(users, den_col)
+    num, den = capped(_column(users, num_col), raw_den, policy.user_cap)
     row: dict[str, Any] = {"name": name, "label": label, "kind": kind, "higher_is_better": higher}
     if kind == "win_rate":  # each user votes on pairs of both arms: one sample of users against 1/2
         pooled = ab_stats.ratio_arm(num, den)
         comparison, sequential = ab_stats.compare_ratio_to(pooled, 0.5, higher, policy.alpha,
                                                            policy.sequential_tuning)
-        variant = _estimate(pooled, kind, policy.alpha)
+        variant = _estimate(pooled, kind, policy.alpha, float(raw_den.sum()))
         row.update(control=_flip(variant), variant=variant, enough_data=pooled.users_with_data >= min_sample,
                    votes={"variant_wins": int(users["wins"].sum()), "control_wins": int(users["losses"].sum()),
                           "ties": int(users["ties"].sum())})
@@ -132,7 +145,8 @@ def metric_row(users: UserTable, spec: tuple[str, str, str, bool, str, str], min
         arms = [ab_stats.ratio_arm(num[mask], den[mask]) for mask in masks]
         comparison, sequential = ab_stats.compare_ratio_arms(arms[0], arms[1], higher, policy.alpha,
                                                              policy.sequential_tuning)
-        row.update(control=_estimate(arms[0], kind, policy.alpha), variant=_estimate(arms[1], kind, policy.alpha),
+        row.update(control=_estimate(arms[0], kind, policy.alpha, float(raw_den[masks[0]].sum())),
+                   variant=_estimate(arms[1], kind, policy.alpha, float(raw_den[masks[1]].sum())),
                    enough_data=ab_stats.enough_data(arms[0].users_with_data, arms[1].users_with_data, min_sample))
     row.update(comparison=_fields(comparison), sequential=_fields(sequential), power=None)
     if name == policy.primary_metric and sequential.n and comparison.diff is not None:
@@ -158,7 +172,7 @@ def metrics_table(users: UserTable, split: float, min_sample: int, policy: Promo
     return {
         "min_sample": min_sample,
         "policy": {"primary_metric": policy.primary_metric, "alpha": policy.alpha,
-                   "sequential_tuning": policy.sequential_tuning, "power": policy.power},
+                   "sequential_tuning": policy.sequential_tuning, "power": policy.power, "user_cap": policy.user_cap},
         "arms": arms,
         "srm": ab_stats.srm_check(observed, {"control": 1 - split, "variant": split}),
         "metrics": [metric_row(users, spec, min_sample, policy, users_per_day, masks) for spec in METRICS],
