@@ -110,6 +110,19 @@ def test_a_guardrail_must_clear_before_a_promotion(guard, action):
         assert decide(table(reward, guard), PromotionPolicy(primary_metric="mean_reward"), 80).action == "retire"
 
 
+def test_guardrails_are_held_to_their_own_stricter_level():
+    """The row's interval is at the policy's alpha (5 %); a guardrail clears only if the wider
+    interval at guardrail_alpha (1 %) rules out the typical loss too."""
+    reward = row("mean_reward", 0.5, (0.2, 0.8), kind="mean")
+    close = row(diff=0.0, seq=(-0.046, 0.046), p_seq=1.0)  # at 5 %: -4.6 points; at 1 %: about -5.1
+    strict = PromotionPolicy(primary_metric="mean_reward")
+    lenient = PromotionPolicy(primary_metric="mean_reward", guardrail_alpha=0.05)
+    assert decide(table(reward, close), strict, 1).action == "wait"
+    assert decide(table(reward, close), lenient, 1).action == "promote"
+    with pytest.raises(ValueError, match="guardrail_alpha"):
+        PromotionPolicy(guardrail_alpha=0)
+
+
 def test_unknown_primary_metric_is_an_error():
     with pytest.raises(ValueError, match="unknown primary metric"):
         decide(table(), PromotionPolicy(primary_metric="vibes"), 1)

@@ -21,7 +21,8 @@ metric but worse on what users say from being promoted while that harm is still 
 significant (benchmarks/ab_validity.py, guardrail scenario). It is always-valid too: the
 sequence covers the true difference at every look with probability at least 1 - alpha, so a
 guardrail that is truly worse by a typical effect or more clears at *any* look with probability
-at most alpha, however often the monitor looks. (An earlier rule also cleared a guardrail that
+at most ``guardrail_alpha`` (1 %, stricter than the primary metric's 5 %: a harm slipping through
+is worse than a gain found late), however often the monitor looks. (An earlier rule also cleared a guardrail that
 merely looked no worse at one look; a true loss between one and two typical effects then slipped
 through at some look: 1.8 % of the guardrail scenario's variants at tuning 500.)
 """
@@ -31,23 +32,27 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from webapp.experiments.stats import SEQUENTIAL_TUNING
+from webapp.experiments.stats import cs_halfwidth
 
 
 @dataclass(frozen=True)
 class PromotionPolicy:
     """The policy's settings: RLHF_PRIMARY_METRIC, RLHF_PROMOTE_ALPHA, RLHF_EXPERIMENT_MAX_HOURS,
-    RLHF_SEQUENTIAL_TUNING and RLHF_AB_USER_CAP; the power and typical effects are reporting
+    RLHF_SEQUENTIAL_TUNING, RLHF_AB_USER_CAP and RLHF_GUARDRAIL_ALPHA; the power and typical effects are reporting
     choices, not settings."""
 
     primary_metric: str = "thumbs_up_rate"
     alpha: float = 0.05
     max_hours: float = 72.0
     # GrowthBook's sequentialTuningParameter: the number of users (both arms) at which the
-    # confidence sequence is tightest; it stays valid at any other size, only wider.
-    sequential_tuning: float = SEQUENTIAL_TUNING
+    # confidence sequence is tightest; it stays valid at any other size, only wider. 500, near the
+    # size experiments here reach, rather than GrowthBook's 5000 (stats.SEQUENTIAL_TUNING).
+    sequential_tuning: float = 500.0
     # the most observations one user's data counts as in a metric (RLHF_AB_USER_CAP; 0: no cap)
     user_cap: float = 1.0
+    # level of the guardrails' non-inferiority sequences (RLHF_GUARDRAIL_ALPHA): a guardrail truly
+    # worse by a typical effect clears at any look with probability at most this
+    guardrail_alpha: float = 0.01
     # power reported for the primary metric, and the "typical effect" it is computed for
     power: float = 0.8
     typical_effect_rate: float = 0.05  # rates and the compare win rate: 5 points
@@ -57,6 +62,8 @@ class PromotionPolicy:
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1:
             raise ValueError(f"alpha must be between 0 and 1, got {self.alpha}")
+        if not 0 < self.guardrail_alpha < 1:
+            raise ValueError(f"guardrail_alpha must be between 0 and 1, got {self.guardrail_alpha}")
         if self.user_cap < 0:
             raise ValueError(f"the user cap must be >= 0 (0: no cap), got {self.user_cap}")
         if self.sequential_tuning <= 0 or not 0 < self.power < 1:
@@ -68,8 +75,9 @@ def policy_from_config(config: Mapping[str, Any]) -> PromotionPolicy:
     their defaults)."""
     return PromotionPolicy(primary_metric=str(config["RLHF_PRIMARY_METRIC"]), alpha=float(config["RLHF_PROMOTE_ALPHA"]),
                            max_hours=float(config["RLHF_EXPERIMENT_MAX_HOURS"]),
-                           sequential_tuning=float(config.get("RLHF_SEQUENTIAL_TUNING", SEQUENTIAL_TUNING)),
-                           user_cap=float(config.get("RLHF_AB_USER_CAP", 1.0)))
+                           sequential_tuning=float(config.get("RLHF_SEQUENTIAL_TUNING", 500.0)),
+                           user_cap=float(config.get("RLHF_AB_USER_CAP", 1.0)),
+                           guardrail_alpha=float(config.get("RLHF_GUARDRAIL_ALPHA", 0.01)))
 
 
 @dataclass(frozen=True)
@@ -108,13 +116,18 @@ def _oriented(value: float, row: dict[str, Any]) -> float:
 
 def unsafe(row: dict[str, Any], policy: PromotionPolicy) -> bool:
     """A guardrail with enough data that is not cleared for a promotion: its sequential interval
-    does not rule out a loss of a typical effect (``policy.typical_effect_*``). A sequential
-    non-inferiority test with margin = that effect: valid at every look."""
+    at ``policy.guardrail_alpha`` does not rule out a loss of a typical effect
+    (``policy.typical_effect_*``). A sequential non-inferiority test with margin = that effect:
+    valid at every look, with an error rate of at most ``guardrail_alpha``."""
     seq = row.get("sequential") or {}
-    if not row.get("enough_data") or seq.get("low") is None:
+    if not row.get("enough_data") or seq.get("low") is None or not seq.get("n"):
         return False
     margin = policy.typical_effect_rating if row["name"] == "mean_rating" else policy.typical_effect_rate
-    worst = min(_oriented(seq["low"], row), _oriented(seq["high"], row))
+    # the row's sequence is at policy.alpha; its half-width scales with the level as the boundary does
+    tuning = seq.get("tuning") or policy.sequential_tuning
+    half = (seq["high"] - seq["low"]) / 2 * cs_halfwidth(1.0, seq["n"], policy.guardrail_alpha, tuning) / \
+        cs_halfwidth(1.0, seq["n"], policy.alpha, tuning)
+    worst = _oriented((seq["high"] + seq["low"]) / 2, row) - half
     return worst <= -margin
 
 
