@@ -81,8 +81,10 @@ def browser():
 def make_app(instance: Path, **overrides):
     from webapp import create_app
 
+    # Tests play many visitors from one address (127.0.0.1): the limit on new identities per address
+    # is off unless a test turns it on (tests/test_identity_limit.py does).
     config = {"INSTANCE_DIR": str(instance), "TESTING": True, "RLHF_EMBEDDED_PRESET": "micro",
-              "RLHF_AUTO_INIT_MODEL": False}
+              "RLHF_AUTO_INIT_MODEL": False, "RLHF_NEW_IDENTITIES_PER_HOUR": 0}
     config.update(overrides)
     return create_app(config)
 
@@ -182,7 +184,8 @@ def route_sweep_app(tmp_path_factory, request, name: str, micro_model_dir: Path)
     application = make_app(tmp_path_factory.mktemp(name) / "instance", **overrides,
                            RLHF_MAX_NEW_TOKENS=4, RLHF_RETRAIN_MIN_FEEDBACK=0, RLHF_LOGIN_RATE_LIMIT=limit,
                            RLHF_CHAT_RATE_LIMIT=limit, RLHF_CHAT_RATE_LIMIT_PER_ADDRESS=limit,
-                           RLHF_FEEDBACK_RATE_LIMIT=limit, RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS=limit)
+                           RLHF_FEEDBACK_RATE_LIMIT=limit, RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS=limit,
+                           RLHF_ACCOUNT_RATE_LIMIT=limit)
     register_model(application, micro_model_dir)
     try:
         yield application

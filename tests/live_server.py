@@ -38,8 +38,9 @@ class LiveServer:
         self.log_path = Path(instance) / "server.log"
         Path(instance).mkdir(parents=True, exist_ok=True)
         # the scheduler (on by default in `serve`) only where a test asks for it
+        # (and, as in make_app, no limit on new identities: tests play many visitors from 127.0.0.1)
         full_env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance), "PYTHONUNBUFFERED": "1",
-                    "RLHF_SCHEDULER": "0", **(env or {})}
+                    "RLHF_SCHEDULER": "0", "RLHF_NEW_IDENTITIES_PER_HOUR": "0", **(env or {})}
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "flask", "--app", "webapp", "serve", "--port", str(self.port), *(args or [])],

@@ -81,6 +81,9 @@ FIELD_VALUES = {
     "traffic_split": st.one_of(st.floats(-1, 2), NUMBERS),
     "decision": st.sampled_from(["promote", "keep_control", "maybe"]),
     "algorithm": st.sampled_from(["ppo", "dpo", "kto", "rloo", "sgd"]),
+    "username": st.one_of(st.from_regex(r"\A[a-z0-9][a-z0-9._-]{2,31}\Z"), TEXT),
+    "password": st.one_of(st.sampled_from(["fuzz-password", "short", "x" * 201]), TEXT),
+    "trust": st.sampled_from(["auto", "trusted", "quarantined", "maybe"]), "note": TEXT,
 }
 QUERY_VALUES = {
     "experiment": st.one_of(st.sampled_from(["exp-draft", "exp-run"]), TEXT),
@@ -90,6 +93,11 @@ QUERY_VALUES = {
     "arm": st.sampled_from(["control", "variant", "both"]),
     "version": st.one_of(st.sampled_from(["v1-base", "v2-ppo"]), TEXT),
     "has_correction": st.sampled_from(["1", "true", "no", ""]),
+    "status": st.sampled_from(["trusted", "normal", "new", "quarantined", "unassessed", "odd", ""]),
+    "trust": st.sampled_from(["auto", "trusted", "quarantined", "maybe", ""]),
+    "min_events": st.sampled_from(["0", "1", "5", "-1", "x", "²", "1" * 30, ""]),
+    "sort": st.sampled_from(["events", "share", "agreement", "weight", "status", "assessed", "age", "id", "x", ""]),
+    "order": st.sampled_from(["asc", "desc", "up", ""]),
     "q": TEXT, "page": st.one_of(st.sampled_from(["1", "2", "0", "-1", "x", "²", "١", "1" * 30]),
                                 st.integers(-5, 2**70).map(str)),
 }
@@ -135,6 +143,13 @@ ROUTES: dict[str, dict] = {
                                   "query": ["thumb", "rating", "version", "arm", "has_correction", "q", "page"]},
     "admin_api.export": {"caller": "admin", "query": ["format"]},
     "admin_api.audit_log": {"caller": "admin"},
+    "admin_api.list_raters": {"caller": "admin",
+                              "query": ["status", "trust", "q", "min_events", "sort", "order", "page"]},
+    "admin_api.post_rater_trust": {"caller": "admin", "base": {"trust": "quarantined", "note": "fuzz"}},
+    # accounts: a visitor of their own (registering, signing in and out changes who the caller is)
+    "account_api.register": {"caller": "visitor", "base": {"username": "fuzzer", "password": "fuzz-password"}},
+    "account_api.login": {"caller": "visitor", "base": {"username": "member", "password": "member-password"}},
+    "account_api.logout": {"caller": "visitor"},
 }
 
 
@@ -331,7 +346,13 @@ def world(tmp_path_factory, micro_model_dir, request):
             users[name] = user
         # the owner's objects (and the admin's) named in the paths of valid requests
         valid = {"conversation_id": str(conv), "message_id": str(answer["assistant_message"]["id"]),
-                 "pair_id": str(pair["pair_id"]), "version_id": "2", "run_id": "1", "key": "exp-draft"}
+                 "pair_id": str(pair["pair_id"]), "version_id": "2", "run_id": "1", "key": "exp-draft",
+                 "user_id": str(users["other"].user_id)}
+        visitor = ApiClient(app.test_client())  # the account routes' caller
+        assert visitor.post("/api/account/register", json={"username": "member", "password": "member-password"}
+                            ).status_code == 201
+        assert visitor.post("/api/account/logout").get_json() == {"signed_out": True}
+        visitor = ApiClient(app.test_client())
         admin = admin_client(app)
         with app.app_context():  # a running experiment, so routing, compare and metrics take their A/B paths
             db.session.add(Experiment(key="exp-run", control_version_id=1, variant_version_id=2, status="running"))
@@ -339,7 +360,8 @@ def world(tmp_path_factory, micro_model_dir, request):
         started = time.perf_counter()
         with app.app_context():
             tables = sa.inspect(db.engine).get_table_names()
-        yield SimpleNamespace(app=app, owner=users["owner"], other=users["other"], admin=admin, valid=valid,
+        yield SimpleNamespace(app=app, owner=users["owner"], other=users["other"], admin=admin, visitor=visitor,
+                              valid=valid,
                               tables=tables, rules={r.endpoint: r for r in app.url_map.iter_rules()})
         elapsed = time.perf_counter() - started
         random_cases = sum(n for (kind, _), n in RUN_COUNTS.items() if kind == "random")

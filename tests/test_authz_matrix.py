@@ -1,11 +1,12 @@
-"""Authorization matrix: every route of ``app.url_map`` x (anonymous, another user, the owner,
-admin), with the expected outcome of each cell written down in ``MATRIX``.
+"""Authorization matrix: every route of ``app.url_map`` x (anonymous, another user, the owner, a
+signed-in end user (``member``: an account, not an admin), admin), with the expected outcome of
+each cell written down in ``MATRIX``.
 
 * chat objects (conversations, messages, comparison pairs) belong to one user: everyone else,
   the admin included, gets 404, exactly as for an object that does not exist (never 403, so
   ids do not leak);
 * the admin JSON API answers 401 JSON to everyone but a logged-in admin; admin pages redirect
-  everyone else to the login page;
+  everyone else to the login page -- a signed-in end user too;
 * a denied request changes nothing in the database.
 
 Every cell runs against fresh objects (a new conversation, version, experiment... created for
@@ -26,8 +27,9 @@ import sqlalchemy as sa
 
 from tests.conftest import register_model, route_sweep_app
 
-ROLES = ("anonymous", "other", "owner", "admin")
+ROLES = ("anonymous", "other", "owner", "member", "admin")
 ADMIN_PASSWORD = "authz-admin-pass"
+MEMBER_PASSWORD = "authz-member-pass"
 LOGIN = "login"  # expected outcome: a redirect to the admin login page
 _ids = itertools.count(1)
 
@@ -38,14 +40,14 @@ def everyone(outcome) -> dict:
 
 def owner_only(outcome) -> dict:
     """Chat objects: only their owner; everyone else (the admin too) sees a 404."""
-    return {"anonymous": 404, "other": 404, "owner": outcome, "admin": 404}
+    return {"anonymous": 404, "other": 404, "owner": outcome, "member": 404, "admin": 404}
 
 
 def admin_api(outcome) -> dict:
-    return {"anonymous": 401, "other": 401, "owner": 401, "admin": outcome}
+    return {"anonymous": 401, "other": 401, "owner": 401, "member": 401, "admin": outcome}
 
 
-ADMIN_PAGE = {"anonymous": LOGIN, "other": LOGIN, "owner": LOGIN, "admin": 200}
+ADMIN_PAGE = {"anonymous": LOGIN, "other": LOGIN, "owner": LOGIN, "member": LOGIN, "admin": 200}
 
 
 # ---------------------------------------------------------------------------- fresh objects per cell
@@ -159,6 +161,22 @@ def new_experiment_body(world) -> dict:
                      "start": False}}
 
 
+def fresh_rater(world) -> dict:
+    """A user with no setting yet (what an admin's trust decision is about)."""
+    from webapp.core.extensions import db
+    from webapp.core.models import User
+
+    with world.app.app_context():
+        user = User(anon_id=f"authz-rater-{next(_ids)}")
+        db.session.add(user)
+        db.session.commit()
+        return {"user_id": user.id}
+
+
+def new_account_body(world) -> dict:
+    return {"body": {"username": f"authz-user-{next(_ids)}", "password": "a long password"}}
+
+
 def training_run(world) -> dict:
     from webapp.core.extensions import db
     from webapp.core.models import TrainingRun
@@ -181,6 +199,25 @@ def session_identity(world, role: str, resp, objs: dict) -> None:
     data = resp.get_json()
     assert data["is_admin"] is (role == "admin"), role
     assert (data["user_id"] == world.owner_id) == (role == "owner"), role
+    assert (data["user_id"] == world.member_id) == (role == "member"), role
+    assert data["username"] == {"member": "member", "admin": "root"}.get(role), role
+
+
+def undo_registration(world, role: str, resp, objs: dict) -> None:
+    """The owner and the other user just registered (201, the same user): put them back as they
+    were, anonymous with their cookie, for the cells that follow."""
+    from webapp.core.extensions import db
+    from webapp.core.models import User
+
+    data = resp.get_json()
+    assert data["signed_in"] is True and data["username"].startswith("authz-user-"), (role, data)
+    if role in ("owner", "other"):
+        assert data["user_id"] == (world.owner_id if role == "owner" else world.other_id), role
+        with world.app.app_context():
+            user = db.session.get(User, data["user_id"])
+            user.username = user.password_hash = None
+            user.anon_id = f"authz-{role}-cookie-id"
+            db.session.commit()
 
 
 def redirects_to(path: str) -> Callable:
@@ -209,12 +246,18 @@ MATRIX: dict[tuple[str, str], Row] = {
     ("GET", "/static/<path:filename>"): Row(everyone(200), path={"filename": "css/app.css"}),
     ("GET", "/api/health"): Row(everyone(200)),
     ("GET", "/api/session"): Row(everyone(200), check=session_identity),
-    ("GET", "/admin/login"): Row({"anonymous": 200, "other": 200, "owner": 200, "admin": 302},
+    ("GET", "/admin/login"): Row({"anonymous": 200, "other": 200, "owner": 200, "member": 200, "admin": 302},
                                  check=redirects_to("/admin/")),
-    ("POST", "/admin/login"): Row({"anonymous": 401, "other": 401, "owner": 401, "admin": 302},
+    ("POST", "/admin/login"): Row({"anonymous": 401, "other": 401, "owner": 401, "member": 401, "admin": 302},
                                   form={"username": "root", "password": "wrong password"},
                                   check=redirects_to("/admin/")),
     ("POST", "/admin/logout"): Row(everyone(302), check=redirects_to("/admin/login")),
+    # ---- end-user accounts: anyone may register (once: a signed-in caller is told to sign out
+    # first), sign in to an account whose password they know, and sign out
+    ("POST", "/api/account/register"): Row({"anonymous": 201, "other": 201, "owner": 201, "member": 409,
+                                            "admin": 409}, setup=new_account_body, check=undo_registration),
+    ("POST", "/api/account/login"): Row(everyone(200), body={"username": "member", "password": MEMBER_PASSWORD}),
+    ("POST", "/api/account/logout"): Row(everyone(200)),
     # ---- chat: a caller's own list, and their own objects only
     ("GET", "/api/conversations"): Row(everyone(200), setup=chat_objects, check=lists_only_own),
     ("POST", "/api/conversations"): Row(everyone(201), body={"title": "mine"}),
@@ -254,6 +297,9 @@ MATRIX: dict[tuple[str, str], Row] = {
     ("GET", "/api/admin/feedback"): Row(admin_api(200), query="thumb=up"),
     ("GET", "/api/admin/export"): Row(admin_api(200), query="format=pairs"),
     ("GET", "/api/admin/audit"): Row(admin_api(200)),
+    ("GET", "/api/admin/raters"): Row(admin_api(200), query="status=quarantined&sort=share"),
+    ("POST", "/api/admin/raters/<int:user_id>/trust"): Row(admin_api(200), setup=fresh_rater,
+                                                          body={"trust": "quarantined", "note": "authz"}),
     # ---- admin pages
     ("GET", "/admin/"): Row(ADMIN_PAGE),
     ("GET", "/admin/experiments"): Row(ADMIN_PAGE),
@@ -264,6 +310,7 @@ MATRIX: dict[tuple[str, str], Row] = {
     ("GET", "/admin/versions"): Row(ADMIN_PAGE),
     ("GET", "/admin/settings"): Row(ADMIN_PAGE),
     ("GET", "/admin/feedback"): Row(ADMIN_PAGE, query="thumb=up"),
+    ("GET", "/admin/raters"): Row(ADMIN_PAGE),
 }
 
 CONVERTER = re.compile(r"<(?:(\w+)(?:\([^)]*\))?:)?(\w+)>")
@@ -284,8 +331,9 @@ def _csrf_from_login_page(client) -> str:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, micro_model_dir, request):
     """One app for the module: the micro model as the active version, an admin, a chat user who
-    owns the objects under test and another chat user, and a concluded experiment (for the
-    metrics and experiment pages). Starting a training run is stubbed (no child process)."""
+    owns the objects under test, another chat user, an end user with an account (signed in), and a
+    concluded experiment (for the metrics and experiment pages). Starting a training run is
+    stubbed (no child process)."""
     from webapp.admin.auth import set_admin_password
     from webapp.core.extensions import db
     from webapp.core.models import Experiment, ModelVersion, User
@@ -306,8 +354,16 @@ def world(tmp_path_factory, micro_model_dir, request):
                                                 "csrf_token": token}).status_code == 302
         with admin.session_transaction() as sess:
             admin_session = dict(sess)
+        member = app.test_client()
+        token = member.get("/api/session").get_json()["csrf_token"]
+        signed = member.post("/api/account/register", json={"username": "member", "password": MEMBER_PASSWORD},
+                             headers={"X-CSRFToken": token})
+        assert signed.status_code == 201, signed.get_data(as_text=True)
+        with member.session_transaction() as sess:
+            member_session = dict(sess)
         world = SimpleNamespace(app=app, owner_id=owner_id, other_id=other_id, model_path=model_path,
-                                admin_session=admin_session)
+                                admin_session=admin_session, member_id=signed.get_json()["user_id"],
+                                member_session=member_session)
         yield world
 
 
@@ -318,9 +374,11 @@ def client_as(world, role: str):
     with client.session_transaction() as sess:
         if role == "admin":
             sess.update(world.admin_session)
+        elif role == "member":
+            sess.update(world.member_session)
         elif role in ("owner", "other"):
             sess["anon_id"] = "authz-owner-cookie-id" if role == "owner" else "authz-other-cookie-id"
-    if role == "admin":
+    if role in ("admin", "member"):
         token = client.get("/api/session").get_json()["csrf_token"]
     else:
         token = _csrf_from_login_page(client)
@@ -339,9 +397,9 @@ def snapshot(world) -> dict[str, set]:
 def assert_unchanged(before: dict, after: dict, role: str, where: str) -> None:
     for table in before.keys() | after.keys():
         old, new = before.get(table, set()), after.get(table, set())
-        if table == "users" and role == "anonymous":
-            # a first-time visitor is recorded as a user, nothing else may change
-            assert old <= new and len(new - old) <= 1, f"{where}: users changed"
+        if table in ("users", "identity_origins") and role == "anonymous":
+            # a first-time visitor is recorded as a user (with where it came from), nothing else may change
+            assert old <= new and len(new - old) <= 1, f"{where}: {table} changed"
             continue
         assert old == new, f"{where}: a denied request changed table {table}"
 

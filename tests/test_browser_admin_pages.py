@@ -22,6 +22,7 @@ from tests.conftest import make_app, register_model
 from tests.feedback_factory import add_exchange
 from tests.live_server import LiveServer
 from webapp.admin.auth import set_admin_password
+from webapp.core.raters import set_trust, store_assessments
 from webapp.core.extensions import db
 from webapp.core.models import (AnswerScore, Assignment, AuditEvent, Comparison, Conversation, Experiment, Feedback,
                            Message, ModelVersion, TrainingRun, User, utcnow)
@@ -31,6 +32,13 @@ pytestmark = pytest.mark.browser
 PASSWORD = "correct horse"
 DESKTOP = {"width": 1300, "height": 900}
 PHONE = {"width": 390, "height": 844}
+# rlhf.rater_trust's summary of a run, as the runner stores it (feedback_counts["trust"])
+TRUST_SUMMARY = {"rules": {"quarantined": {"raters": 1, "rows": 9, "weight_removed": 9.0},
+                           "capped": {"raters": 2, "rows": 40, "weight_removed": 14.5},
+                           "down_weighted": {"raters": 1, "rows": 6, "weight_removed": 2.4},
+                           "new": {"raters": 5, "rows": 11, "weight_removed": 3.3}},
+                 "applied": {"quarantined": True, "capped": True, "down_weighted": True, "new": False},
+                 "notes": ["agreement checked on 31 shared questions"]}
 # A run that started at a fixed moment: its local rendering is known in any time zone.
 FIXED_START = datetime(2025, 3, 2, 9, 15, 27, 123456)
 
@@ -64,7 +72,8 @@ def seed_dashboard(app, model_dir: Path, instance: Path) -> None:
                         log="parent v1-base; 140 feedback events; algorithm kto\n"),
             TrainingRun(trigger="schedule", algorithm="ppo", status="succeeded", stage="done", progress=1.0,
                         started_at=now - timedelta(hours=8), finished_at=now - timedelta(hours=7, minutes=52),
-                        created_at=now - timedelta(hours=8), feedback_counts={"pairs": 213, "kto": 388, "prompts": 120},
+                        created_at=now - timedelta(hours=8), feedback_counts={"pairs": 213, "kto": 388, "prompts": 120,
+                                                                           "trust": TRUST_SUMMARY},
                         metrics={"reward_model": rm_metrics, "evaluation": evaluation, "decision": "candidate",
                                  "version": "v2-ppo", "reward_model_path": str(reward)},
                         log=f"parent v1-base; 402 feedback events; algorithm ppo\nreward model: {reward}\n"
@@ -151,6 +160,18 @@ def seed_dashboard(app, model_dir: Path, instance: Path) -> None:
             db.session.add(AuditEvent(created_at=at, actor=actor, action=action, subject=subject, detail=detail))
         db.session.commit()
         set_admin_password("root", PASSWORD)
+        # the raters page: the latest run's assessment of a few raters, an admin's quarantine
+        visitors = db.session.scalars(db.select(User.id).where(User.anon_id.like("visitor-%")).order_by(User.id)
+                                      .limit(4)).all()
+        store_assessments(runs[1].id, {
+            visitors[0]: {"events": 14, "raw_share": 0.31, "share": 0.2, "agreement": 0.86, "checked": 12,
+                          "weight": 0.65, "status": "trusted", "reasons": ["capped at 20% of the signal"]},
+            visitors[1]: {"events": 3, "raw_share": 0.05, "share": 0.05, "agreement": None, "checked": 0,
+                          "weight": 0.5, "status": "new", "reasons": ["account younger than a day"]},
+            visitors[2]: {"events": 6, "raw_share": 0.1, "share": 0.1, "agreement": 0.12, "checked": 6,
+                          "weight": 0.0, "status": "quarantined", "reasons": ["disagrees with the other raters"]}})
+        set_trust(visitors[3], "quarantined", "the same comment on every answer", None)
+        db.session.commit()
 
 
 @contextlib.contextmanager
@@ -193,7 +214,8 @@ PAGES = [("overview", "/admin/"), ("experiments", "/admin/experiments"),
          ("current-experiment", "/admin/experiment"), ("runs", "/admin/runs"), ("run", "/admin/runs/2"),
          ("run-rejected", "/admin/runs/3"), ("run-failed", "/admin/runs/4"), ("versions", "/admin/versions"),
          ("feedback", "/admin/feedback"), ("feedback-filtered", "/admin/feedback?has_correction=1&thumb=down"),
-         ("feedback-empty", "/admin/feedback?q=nothing-matches-this"), ("settings", "/admin/settings")]
+         ("feedback-empty", "/admin/feedback?q=nothing-matches-this"), ("settings", "/admin/settings"),
+         ("raters", "/admin/raters"), ("raters-filtered", "/admin/raters?status=quarantined&sort=weight")]
 
 
 def logged_in_page(browser, url: str, viewport: dict, **context_args):

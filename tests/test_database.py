@@ -19,7 +19,8 @@ from webapp.core.models import (Assignment, Comparison, Conversation, Experiment
                            TrainingRun, User)
 
 TABLES = {"users", "conversations", "messages", "feedback", "comparisons", "model_versions", "experiments",
-          "assignments", "training_runs", "answer_scores", "audit_events"}
+          "assignments", "training_runs", "answer_scores", "audit_events",
+          "rater_trust", "rater_assessments", "identity_origins"}  # feedback integrity (issue 16)
 
 
 @pytest.fixture(params=DATABASES)

@@ -11,8 +11,9 @@ def test_new_visitor_gets_a_user_and_a_signed_cookie(app, client):
     assert resp.status_code == 200
     data = resp.get_json()
     # blind arms: no experiment, arm or model version for a visitor
-    assert set(data) == {"user_id", "csrf_token", "is_admin", "compare_rate"}
+    assert set(data) == {"user_id", "csrf_token", "is_admin", "compare_rate", "username"}
     assert data["is_admin"] is False and data["csrf_token"] and data["compare_rate"] == 0.0
+    assert data["username"] is None  # anonymous: no account
     cookie = resp.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
     with app.app_context():

@@ -20,6 +20,11 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     app = Flask(__name__, instance_path=cfg["INSTANCE_DIR"], template_folder=str(ROOT / "templates"),
                 static_folder=str(ROOT / "static"))
     app.config.update(cfg)
+    if cfg["RLHF_TRUSTED_PROXIES"]:  # the client address (and scheme) as the proxies in front saw it
+        from werkzeug.middleware.proxy_fix import ProxyFix
+
+        proxies = int(cfg["RLHF_TRUSTED_PROXIES"])
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies)  # type: ignore[method-assign]
 
     from webapp.core.database import create_schema, init_database
     from webapp.core.extensions import csrf, limiter, login_manager
@@ -34,6 +39,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     from webapp.admin import api as admin_api
     from webapp.admin import auth as admin_auth
     from webapp.admin import pages as admin_pages
+    from webapp.chat import account as account_api
     from webapp.chat import api as chat_api
     from webapp.chat import pages
     from webapp.chat import session as session_api
@@ -44,7 +50,8 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     errors.init_app(app)
     security.init_app(app)
     app.url_map.converters["int"] = IdConverter  # before any route is added
-    for blueprint in (session_api.bp, chat_api.bp, pages.bp, admin_auth.bp, admin_pages.bp, admin_api.bp):
+    for blueprint in (session_api.bp, chat_api.bp, account_api.bp, pages.bp, admin_auth.bp, admin_pages.bp,
+                      admin_api.bp):
         app.register_blueprint(blueprint)
     cli.init_app(app)
 

@@ -45,7 +45,45 @@
     },
   };
 
+  // Raters: quarantine / restore / trust, confirmed in a dialog with a note (POST /api/admin/raters/<id>/trust).
+  const trustDialog = document.getElementById("trust-dialog");
+  const TRUST_TEXT = {
+    quarantined: (name) => `Quarantine ${name}? Their feedback and votes will be left out of training and of A/B verdicts until you restore them.`,
+    trusted: (name) => `Trust ${name}? The training run's assessment will not quarantine them automatically.`,
+    auto: (name) => `Restore ${name} to automatic? The next training run's assessment decides about them again.`,
+  };
+  const TRUST_TITLE = { quarantined: "Quarantine this rater", trusted: "Trust this rater", auto: "Restore to automatic" };
+  handlers["rater-trust"] = (el) => {
+    const { id, trust, name } = el.dataset;
+    if (!trustDialog) return;
+    trustDialog.dataset.id = id;
+    trustDialog.dataset.trust = trust;
+    document.getElementById("trust-dialog-title").textContent = TRUST_TITLE[trust] || "Change the rater's trust";
+    document.getElementById("trust-dialog-text").textContent = (TRUST_TEXT[trust] || TRUST_TEXT.auto)(name);
+    document.getElementById("trust-note").value = "";
+    document.getElementById("trust-dialog-error").hidden = true;
+    trustDialog.returnFocus = el;
+    trustDialog.showModal();
+    document.getElementById("trust-note").focus();
+  };
+  if (trustDialog) {
+    document.getElementById("trust-cancel").addEventListener("click", () => trustDialog.close());
+    trustDialog.addEventListener("close", () => { if (trustDialog.returnFocus) trustDialog.returnFocus.focus(); });
+  }
+
   const forms = {
+    "rater-trust-confirm": async (form) => {
+      const error = document.getElementById("trust-dialog-error");
+      const note = new FormData(form).get("note").trim();
+      try {
+        await call("POST", `/api/admin/raters/${encodeURIComponent(trustDialog.dataset.id)}/trust`,
+                   { trust: trustDialog.dataset.trust, note: note || null });
+        window.location.reload();
+      } catch (e) {
+        error.textContent = e.message;
+        error.hidden = false;
+      }
+    },
     "create-experiment": (form) => {
       const f = new FormData(form);
       const body = { key: f.get("key"), control_version_id: parseInt(f.get("control_version_id"), 10),

@@ -23,13 +23,21 @@
     sidebar: $("sidebar"), main: $("chat-main"), menu: $("menu-button"), drawerClose: $("drawer-close"),
     backdrop: $("drawer-backdrop"), headerNew: $("header-new-chat"), scrollDown: $("scroll-down"),
     badgeBox: $("sidebar-footer"),
+    accountStatus: $("account-status"), signIn: $("sign-in-button"), register: $("register-button"),
+    signOut: $("sign-out-button"), accountDialog: $("account-dialog"), accountForm: $("account-form"),
+    accountTitle: $("account-dialog-title"), accountExplain: $("account-explain"), accountUser: $("account-username"),
+    accountPassword: $("account-password"), accountError: $("account-error"), accountSubmit: $("account-submit"),
+    accountCancel: $("account-cancel"), accountSwitch: $("account-switch"), usernameRules: $("account-username-rules"),
+    passwordRules: $("account-password-rules"), sessionProblem: $("session-problem"),
+    sessionProblemText: $("session-problem-text"), sessionProblemSignIn: $("session-problem-sign-in"),
   };
   const maxChars = parseInt(document.body.dataset.maxChars || "4000", 10);
   const narrow = window.matchMedia("(max-width: 720px)");
   const reducedMotion = window.matchMedia("(prefers-reduced-motion: reduce)");
 
   const state = {
-    csrf: null,
+    // the page's own token (works before /api/session answers, e.g. to sign in when it refuses)
+    csrf: (document.querySelector('meta[name="csrf-token"]') || {}).content || null,
     compareRate: 0,        // share of questions answered side by side while an experiment runs
     conversations: [],
     conv: null,            // {id, title, messages: Map, children: Map, comparisons: Map}
@@ -42,7 +50,9 @@
 
   // ------------------------------------------------------------------ HTTP
 
-  class ApiError extends Error {}
+  class ApiError extends Error {
+    constructor(message, status) { super(message); this.status = status; }
+  }
 
   async function api(method, url, body) {
     const opts = { method, headers: { "Accept": "application/json" }, credentials: "same-origin" };
@@ -54,7 +64,7 @@
     const resp = await fetch(url, opts);
     let data = null;
     try { data = await resp.json(); } catch (e) { /* empty body */ }
-    if (!resp.ok) throw new ApiError((data && data.error) || `Request failed (${resp.status})`);
+    if (!resp.ok) throw new ApiError((data && data.error) || `Request failed (${resp.status})`, resp.status);
     return data;
   }
 
@@ -116,6 +126,7 @@
     const data = await api("GET", "/api/session");
     state.csrf = data.csrf_token;
     state.compareRate = data.compare_rate || 0;
+    showAccount(data.username, data.is_admin);
     // Arms are blind: only an admin is told the version and arm (the badge stays hidden for everyone else).
     if (data.is_admin) {
       const arm = data.arm ? ` · ${data.arm}` : "";
@@ -902,6 +913,84 @@
     try { return { type, data: JSON.parse(data.join("\n")) }; } catch (e) { return null; }
   }
 
+  // ------------------------------------------------------------------ account (register, sign in, sign out)
+
+  function showAccount(username, isAdmin) {
+    const signedIn = Boolean(username);
+    els.accountStatus.textContent = signedIn ? `Signed in as ${isAdmin ? "admin " : ""}${username}` : "Not signed in";
+    els.signIn.hidden = signedIn;
+    els.register.hidden = signedIn;
+    els.signOut.hidden = !signedIn;
+  }
+
+  function openAccountDialog(mode) {
+    const register = mode === "register";
+    els.accountDialog.dataset.mode = mode;
+    els.accountTitle.textContent = register ? "Create an account" : "Sign in";
+    els.accountExplain.textContent = register
+      ? "Your conversations in this browser become your account's: sign in on any device to see them."
+      : "Sign in to see your account's conversations. Chats you had here without signing in are not moved into it.";
+    els.accountSubmit.textContent = register ? "Create account" : "Sign in";
+    els.accountSwitch.textContent = register ? "Already have an account? Sign in" : "No account yet? Create one";
+    els.accountPassword.autocomplete = register ? "new-password" : "current-password";
+    els.usernameRules.hidden = !register;
+    els.passwordRules.hidden = !register;
+    els.accountError.hidden = true;
+    els.accountError.textContent = "";
+    if (!els.accountDialog.open) {
+      els.accountDialog.returnFocus = document.activeElement;
+      if (narrow.matches) closeDrawer(false);
+      els.accountDialog.showModal();
+    }
+    els.accountUser.focus();
+  }
+
+  async function submitAccount() {
+    const register = els.accountDialog.dataset.mode === "register";
+    const body = { username: els.accountUser.value.trim(), password: els.accountPassword.value };
+    els.accountSubmit.disabled = true;
+    try {
+      const data = await api("POST", register ? "/api/account/register" : "/api/account/login", body);
+      els.accountPassword.value = "";
+      if (register) {  // the same user, now with an account: nothing else on the page changes
+        els.accountDialog.close();
+        showAccount(data.username, false);
+        announce(`Account created. You are signed in as ${data.username}.`);
+        return;
+      }
+      window.location.assign("/");  // another user's conversations: start the page over
+    } catch (e) {
+      els.accountError.textContent = e.message;
+      els.accountError.hidden = false;
+    } finally {
+      els.accountSubmit.disabled = false;
+    }
+  }
+
+  async function signOut() {
+    try {
+      await api("POST", "/api/account/logout");
+      window.location.assign("/");
+    } catch (e) {
+      showError(e.message);
+    }
+  }
+
+  function bindAccount() {
+    els.signIn.addEventListener("click", () => openAccountDialog("login"));
+    els.register.addEventListener("click", () => openAccountDialog("register"));
+    els.sessionProblemSignIn.addEventListener("click", () => openAccountDialog("login"));
+    els.signOut.addEventListener("click", signOut);
+    els.accountSwitch.addEventListener("click", () =>
+      openAccountDialog(els.accountDialog.dataset.mode === "register" ? "login" : "register"));
+    els.accountCancel.addEventListener("click", () => els.accountDialog.close());
+    els.accountForm.addEventListener("submit", (ev) => { ev.preventDefault(); submitAccount(); });
+    els.accountDialog.addEventListener("close", () => {
+      const back = els.accountDialog.returnFocus;
+      if (back && document.contains(back) && back.offsetParent !== null) back.focus();
+    });
+  }
+
   // ------------------------------------------------------------------ drawer (small screens)
 
   function openDrawer() {
@@ -982,13 +1071,20 @@
 
   async function start() {
     bind();
+    bindAccount();
     updateCharCount();
     try {
       await loadSession();
       await refreshList();
       routeFromHash();
     } catch (e) {
-      showError(`Could not reach the server: ${e.message}`);
+      if (e instanceof ApiError && e.status === 429) {
+        // e.g. too many new visitors from this address: say so where it stays readable, offer to sign in
+        els.sessionProblemText.textContent = e.message;
+        els.sessionProblem.hidden = false;
+      } else {
+        showError(`Could not reach the server: ${e.message}`);
+      }
     }
     document.body.classList.add("ready");
     els.input.focus();

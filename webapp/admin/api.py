@@ -11,6 +11,7 @@ from rlhf.algorithms import ALGORITHMS
 
 from webapp.admin.auth import admin_api
 from webapp.admin.feedback_browser import feedback_page
+from webapp.admin.raters import change_trust, rater_page
 from webapp.admin.runs import run_dict, run_or_404
 from webapp.core.display import display_paths
 from webapp.core.settings import current_settings
@@ -184,6 +185,22 @@ def export():
     body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     return Response(body, mimetype="application/x-ndjson",
                     headers={"Content-Disposition": f'attachment; filename="feedback-{fmt}.jsonl"'})
+
+
+# ---------------------------------------------------------------------------- raters (feedback integrity)
+
+@bp.get("/raters")
+@admin_api
+def list_raters():
+    """Raters with their feedback events, latest assessment and trust; filtered, sorted, paged."""
+    return jsonify(rater_page(request.args))
+
+
+@bp.post("/raters/<int:user_id>/trust")
+@admin_api
+def post_rater_trust(user_id: int):
+    """``{"trust": "auto"|"trusted"|"quarantined", "note"?}``: the admin's setting (audit-logged)."""
+    return jsonify(rater=change_trust(user_id))
 
 
 @bp.get("/audit")

@@ -16,6 +16,7 @@ from rlhf.settings import CycleSettings
 from webapp.admin.auth import admin_page
 from webapp.admin.charts import curve_figures, line_chart
 from webapp.admin.feedback_browser import feedback_page
+from webapp.admin.raters import RATER_FILTERS, SORTS, STATUS_FILTERS, rater_page, trust_section
 from webapp.admin.runs import run_dict, run_or_404
 from webapp.core.display import display_path, display_text
 from webapp.core.settings import effective
@@ -122,7 +123,10 @@ def overview():
     now = utcnow()
     since = now - timedelta(days=1)
     stats = {
-        "users": _count(db.select(User.id).where(User.anon_id.is_not(None))),
+        # visitors: anonymous ones and those who registered an account (admins are not counted)
+        "users": _count(db.select(User.id).where(db.or_(User.anon_id.is_not(None),
+                                                        db.and_(User.password_hash.is_not(None),
+                                                                User.is_admin.is_(False))))),
         "answers": _count(db.select(Message.id).where(Message.role == "assistant")),
         "answers_24h": _count(db.select(Message.id).where(Message.role == "assistant", Message.created_at >= since)),
     }
@@ -234,7 +238,8 @@ def run_detail(run_id: int):
     return render_template("admin/run.html", run=run_dict(run, full=True), figures=curve_figures(data, other),
                            compare_id=other["run_id"] if other else None, compare_choices=choices,
                            stage_titles={**STAGE_TITLES, "policy": f"Policy ({(run.algorithm or 'ppo').upper()})"},
-                           has_curves=bool(data["series"]), settings_rows=run_settings(run.config))
+                           has_curves=bool(data["series"]), settings_rows=run_settings(run.config),
+                           trust=trust_section(run.feedback_counts))
 
 
 @bp.get("/versions")
@@ -252,6 +257,17 @@ def feedback():
     versions = db.session.scalars(db.select(ModelVersion.name).order_by(ModelVersion.id)).all()
     filters = {k: v for k, v in args.items() if k != "page"}
     return render_template("admin/feedback.html", page=page, filters=filters, versions=versions)
+
+
+@bp.get("/raters")
+@admin_page
+def raters():
+    """Raters: feedback volume, the latest assessment, the admin's trust setting (quarantine,
+    restore, trust: admin.js calls POST /api/admin/raters/<id>/trust)."""
+    args = {k: v for k, v in request.args.items() if v and k in RATER_FILTERS}
+    page = rater_page(args)
+    filters = {k: v for k, v in args.items() if k != "page"}
+    return render_template("admin/raters.html", page=page, filters=filters, statuses=STATUS_FILTERS, sorts=SORTS)
 
 
 def _code_spans(text: str) -> Markup:

@@ -29,7 +29,7 @@ from webapp.core.models import Comparison, Conversation, Feedback, Message, User
 from webapp.core.security import chat_limit, feedback_limit
 from webapp.core.validation import (MAX_TITLE_CHARS, bool_field, feedback_changes, json_body, message_content,
                                     optional_id, text_field)
-from webapp.experiments.assignment import running_experiment
+from webapp.experiments.assignment import assign, running_experiment
 from webapp.serving.routing import Route, generation_settings, route_for, serve
 
 bp = Blueprint("chat_api", __name__, url_prefix="/api")
@@ -266,11 +266,14 @@ def post_feedback(message_id: int):
 
 def _compare_routes(user: User) -> tuple[Route, Route]:
     """Two answerers: control vs variant while an experiment runs (in random order, so
-    position bias cancels out), otherwise two samples from the user's own model."""
+    position bias cancels out), otherwise two samples from the user's own model. A voter is
+    assigned an arm like everyone else (sticky, on first exposure): a compare can be a user's
+    first request, and their votes and later answers must count in one arm."""
     exp = running_experiment()
     if exp is None:
         route = route_for(user)
         return route, route
+    assign(exp, user)
     pair = [Route.of(exp.control_version, exp.id, "control"), Route.of(exp.variant_version, exp.id, "variant")]
     random.shuffle(pair)
     return pair[0], pair[1]

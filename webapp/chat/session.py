@@ -6,6 +6,7 @@ which, nor which model version answers them; only an admin sees the experiment, 
 from __future__ import annotations
 
 from flask import Blueprint, current_app, jsonify
+from flask_login import current_user
 from flask_wtf.csrf import generate_csrf
 
 from webapp.core.identity import current_visitor, is_admin
@@ -27,7 +28,8 @@ def get_session():
         arm, version = None, active_version()
     # While an experiment runs, a share of questions is answered side by side (control vs variant).
     compare_rate = float(current_app.config["RLHF_COMPARE_RATE"]) if experiment is not None else 0.0
-    body = {"user_id": user.id, "csrf_token": generate_csrf(), "is_admin": is_admin(), "compare_rate": compare_rate}
+    body = {"user_id": user.id, "csrf_token": generate_csrf(), "is_admin": is_admin(), "compare_rate": compare_rate,
+            "username": user.username if current_user.is_authenticated else None}  # null: an anonymous visitor
     if body["is_admin"]:
         body.update(experiment=experiment.key if experiment else None, arm=arm,
                     model_version=version.name if version else None)

@@ -1,14 +1,25 @@
-"""Who is calling: anonymous visitors by a signed session cookie, admins through Flask-Login."""
+"""Who is calling: anonymous visitors by a signed session cookie; signed-in users (end users
+with an account, and admins) through Flask-Login.
+
+A new anonymous identity is recorded with where it came from (``identity_origins``: a hash of
+the client address salted with the secret key) and counts against the per-address limit on new
+identities (``RLHF_NEW_IDENTITIES_PER_HOUR``, webapp/core/security.py): one person cannot mint
+an army of fresh raters by clearing cookies. Existing identities are never affected.
+"""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import secrets
 
-from flask import Flask, has_request_context, request, session
+from flask import Flask, current_app, has_request_context, request, session
 from flask.sessions import SecureCookieSessionInterface, SessionMixin
+from flask_limiter.util import get_remote_address
 from flask_login import current_user
 
 from webapp.core.extensions import db, login_manager
-from webapp.core.models import User
+from webapp.core.models import IdentityOrigin, User
+from webapp.core.security import check_new_identity_limit
 
 
 class RefreshOnPageLoadSessionInterface(SecureCookieSessionInterface):
@@ -33,15 +44,23 @@ def init_app(app: Flask) -> None:
         if not user_id.isdigit():
             return None
         user = db.session.get(User, int(user_id))
-        return user if user is not None and user.is_admin else None
+        # admins, and end users who registered an account (a password); never a bare anonymous row
+        return user if user is not None and (user.is_admin or user.password_hash) else None
 
 
 _BY_ANON_ID = db.select(User).where(User.anon_id == db.bindparam("anon_id"))  # built once: runs on every request
 
 
+def address_hash(address: str) -> str:
+    """A client address as stored: HMAC-SHA256 keyed with the secret key (never the address)."""
+    key = str(current_app.config["SECRET_KEY"]).encode()
+    return hmac.new(key, address.encode(), hashlib.sha256).hexdigest()
+
+
 def current_visitor(create: bool = True) -> User | None:
-    """The caller as a ``users`` row: the logged-in admin, else the anonymous visitor named by
-    the signed cookie (created on first use when ``create``)."""
+    """The caller as a ``users`` row: the signed-in user (an admin, or an end user with an
+    account), else the anonymous visitor named by the signed cookie (created on first use when
+    ``create``; 429 when the client address created too many identities within the hour)."""
     if current_user.is_authenticated:
         return current_user._get_current_object()
     anon_id = session.get("anon_id")
@@ -51,9 +70,12 @@ def current_visitor(create: bool = True) -> User | None:
             return user
     if not create:
         return None
+    check_new_identity_limit()
     anon_id = secrets.token_urlsafe(24)
     user = User(anon_id=anon_id)
     db.session.add(user)
+    db.session.flush()
+    db.session.add(IdentityOrigin(user_id=user.id, address_hash=address_hash(get_remote_address())))
     db.session.commit()
     session["anon_id"] = anon_id
     session.permanent = True

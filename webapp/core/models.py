@@ -244,3 +244,54 @@ def history(message: Message) -> list[dict[str, str]]:
         chain.append(node)
         node = db.session.get(Message, node.parent_id) if node.parent_id else None
     return [{"role": m.role, "content": m.content} for m in reversed(chain)]
+
+
+# ---------------------------------------------------------------------------- feedback integrity (issue 16)
+# New tables only: create_schema() adds missing tables, never columns, so existing databases gain these
+# on their next start without a migration.
+
+TRUST_SETTINGS = ("auto", "trusted", "quarantined")
+RATER_STATUSES = ("trusted", "normal", "new", "quarantined")
+
+
+class RaterTrust(db.Model):
+    """An admin's setting for one rater: ``auto`` (the training run's assessment decides),
+    ``trusted`` (never quarantined automatically) or ``quarantined`` (their feedback is left out)."""
+
+    __tablename__ = "rater_trust"
+    __table_args__ = (CheckConstraint("trust IN ('auto', 'trusted', 'quarantined')", name="ck_rater_trust_trust"),)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    trust: Mapped[str] = mapped_column(String(16), default="auto")
+    note: Mapped[Optional[str]] = mapped_column(Text)
+    set_by: Mapped[Optional[int]] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    set_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class RaterAssessment(db.Model):
+    """The latest training run's assessment of one rater (rlhf.rater_trust): their volume, share of
+    the cycle's signal, agreement with the other raters, training weight and status."""
+
+    __tablename__ = "rater_assessments"
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    training_run_id: Mapped[Optional[int]] = mapped_column(ForeignKey("training_runs.id", ondelete="SET NULL"),
+                                                           index=True)
+    events: Mapped[int] = mapped_column(Integer, default=0)
+    raw_share: Mapped[float] = mapped_column(Float, default=0.0)
+    share: Mapped[float] = mapped_column(Float, default=0.0)
+    agreement: Mapped[Optional[float]] = mapped_column(Float)
+    checked: Mapped[int] = mapped_column(Integer, default=0)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    status: Mapped[str] = mapped_column(String(16), default="normal", index=True)
+    reasons: Mapped[list] = mapped_column(JSON, default=list)
+    assessed_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class IdentityOrigin(db.Model):
+    """Where an anonymous identity was created: a hash of the client address salted with the
+    secret key (never the address itself), for the per-address limit on new identities."""
+
+    __tablename__ = "identity_origins"
+    __table_args__ = (Index("ix_identity_origins_address_created", "address_hash", "created_at"),)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    address_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)

@@ -6,12 +6,15 @@ autoescaping), ``nosniff``, ``DENY`` framing and a same-origin referrer.
 
 Rate limits (Flask-Limiter, configured in webapp/config.py) count per user (the signed
 session cookie, or the logged-in admin) and per client address, so one user cannot flood the
-model and one address cannot get around that with fresh cookies. A breached limit answers 429
+model and one address cannot get around that with fresh cookies -- nor make more than
+``RLHF_NEW_IDENTITIES_PER_HOUR`` fresh cookies an hour (:func:`check_new_identity_limit`, which
+webapp/core/identity.py calls when it creates an anonymous identity). A breached limit answers 429
 with a ``Retry-After`` header: JSON ``{"error": ...}`` for the API, a readable page elsewhere.
 """
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from typing import Callable
 
@@ -19,6 +22,7 @@ from flask import Flask, current_app, make_response, session
 from flask_limiter import RateLimitExceeded
 from flask_limiter.util import get_remote_address
 from flask_login import current_user
+from limits import RateLimitItemPerHour
 from werkzeug.exceptions import TooManyRequests
 
 from webapp.core.errors import error_response
@@ -74,6 +78,35 @@ feedback_limit = per_user_and_address("feedback", "RLHF_FEEDBACK_RATE_LIMIT", "R
                                       "feedback requests")
 
 
+# ---------------------------------------------------------------------------- new identities per address
+
+def _wait_text(seconds: int) -> str:
+    if seconds < 90:
+        return f"{seconds} second{'s' if seconds != 1 else ''}"
+    minutes = math.ceil(seconds / 60)
+    return f"{minutes} minutes"
+
+
+def check_new_identity_limit() -> None:
+    """Count one new anonymous identity against the caller's address (``RLHF_NEW_IDENTITIES_PER_HOUR``,
+    in Flask-Limiter's storage like every other limit); 429 with ``Retry-After`` when the address
+    has made that many within the hour. Off with the rate limits (``RLHF_RATELIMIT_ENABLED=0``)
+    and with 0. Only creating an identity counts: existing cookies and signed-in users never do."""
+    cfg = current_app.config
+    per_hour = int(cfg.get("RLHF_NEW_IDENTITIES_PER_HOUR") or 0)
+    if per_hour <= 0 or not cfg.get("RATELIMIT_ENABLED", True) or not limiter.enabled:
+        return
+    item = RateLimitItemPerHour(per_hour)
+    address = get_remote_address()
+    if limiter.limiter.hit(item, "new-identity", address):
+        return
+    reset = limiter.limiter.get_window_stats(item, "new-identity", address).reset_time
+    seconds = max(1, math.ceil(reset - time.time()))
+    raise TooManyRequests(
+        f"Too many new visitors from your network address in the last hour (the limit is {per_hour} per hour). "
+        f"Sign in to your account, or try again in {_wait_text(seconds)}.", retry_after=seconds)
+
+
 def _retry_after_seconds() -> int | None:
     current = limiter.current_limit
     if current is None or not current.breached:
@@ -96,6 +129,8 @@ def init_app(app: Flask) -> None:
         seconds = _retry_after_seconds()
         if seconds is not None:
             message += f" Try again in {seconds} second{'s' if seconds != 1 else ''}."
+        elif isinstance(exc.retry_after, int):  # a limit checked outside a route's decorators (new identities)
+            seconds = max(1, exc.retry_after)
         body, code = error_response(429, message, "Too Many Requests")
         response = make_response(body, code)
         if seconds is not None:  # Flask-Limiter sets it too (after_request); never answer 429 without it

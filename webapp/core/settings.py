@@ -177,6 +177,21 @@ class Settings:
                                   "over HTTPS (the default run is plain http on localhost, where a Secure cookie would "
                                   "never be sent back). The cookie is always HttpOnly and SameSite=Lax", "Cookies",
                                   key="SESSION_COOKIE_SECURE")
+    # ---- feedback integrity (issue 16, web side): identities, accounts, the client address
+    new_identities_per_hour: int = setting(30, "new anonymous identities (cookies) one client address may create "
+                                           "per hour; beyond it the API answers 429 (sign in, or try later). "
+                                           "Existing identities and signed-in users are never affected. A household "
+                                           "or office behind one address stays far below it; `0`: no limit. Off "
+                                           "with `RLHF_RATELIMIT_ENABLED=0`", "Feedback integrity", low=0)
+    account_rate_limit: str = setting("10 per minute", "end users' sign-in and registration attempts per address "
+                                      "and per username", "Feedback integrity", check=_rate_limit)
+    trusted_proxies: int = setting(0, "reverse proxies in front of the app whose `X-Forwarded-For` and "
+                                   "`X-Forwarded-Proto` are believed (werkzeug's ProxyFix). `0`: the client address "
+                                   "is the connection's. Behind a proxy set it to the number of proxies, or every "
+                                   "visitor has the proxy's address (one identity limit and one per-address rate "
+                                   "limit for all); never set it without a proxy, or clients can forge their "
+                                   "address with `X-Forwarded-For`", "Feedback integrity", low=0, high=10)
+    # ---- end of feedback integrity
     # training: the rlhf dataclasses themselves (device comes from the app's device above)
     training: CycleSettings = field(default_factory=CycleSettings)
 

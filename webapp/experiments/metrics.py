@@ -6,6 +6,11 @@ The same dict feeds the dashboard, ``GET /api/admin/metrics``, ``flask --app web
 --json`` and the scheduler's promotion policy. The user of an answer is its conversation's user;
 a user's arm is their assignment (else the arm of their answers). Compare-pair answers count only
 in the compare win rate (each user votes on pairs of both arms), not in their arm's other metrics.
+
+Excluded raters (:func:`webapp.core.raters.excluded_raters`: admins, who can see the arms, and
+quarantined raters) are counted out entirely: their answers, feedback, votes and assignments are
+left out of every number here (``excluded_users`` says how many); their chats were answered as
+anyone's, and their rows stay in the database.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from webapp.core.display import display_path
 from webapp.core.extensions import db
 from webapp.core.models import (AnswerScore, Assignment, Comparison, Conversation, Experiment, Feedback, Message,
                                 history, iso, utcnow)
+from webapp.core.raters import excluded_raters
 from webapp.experiments import stats as ab_stats
 from webapp.experiments.promotion import PromotionPolicy, policy_from_config
 from webapp.experiments.table import ARMS, metrics_table, user_table
@@ -77,8 +83,9 @@ def _regenerated(answers: list[Message], paired: set[int]) -> set[int]:
 
 def _user_rows(exp: Experiment, answers: list[Message], user_of: dict[int, int], feedback: dict[int, Feedback],
                pairs: list[Comparison], paired: set[int], regenerated: set[int],
-               scores: dict[int, float]) -> list[dict[str, Any]]:
-    """One row of sums per user and arm: their own answers' feedback, and their compare votes."""
+               scores: dict[int, float], excluded: frozenset[int] = frozenset()) -> list[dict[str, Any]]:
+    """One row of sums per user and arm: their own answers' feedback, and their compare votes.
+    ``excluded`` users get no row (their answers are expected to be left out of ``answers``)."""
     rows: dict[tuple[int, str | None], dict[str, Any]] = {}
     home: dict[int, tuple[int, str | None]] = {}  # the row a user's votes go to: their first one
 
@@ -90,7 +97,8 @@ def _user_rows(exp: Experiment, answers: list[Message], user_of: dict[int, int],
 
     for uid, arm in db.session.execute(db.select(Assignment.user_id, Assignment.arm)
                                        .where(Assignment.experiment_id == exp.id)):
-        row(uid, arm if arm in ARMS else None)
+        if uid not in excluded:
+            row(uid, arm if arm in ARMS else None)
     for a in answers:
         if a.id in paired or a.arm not in ARMS:
             continue
@@ -141,12 +149,18 @@ def experiment_metrics(exp: Experiment, policy: PromotionPolicy | None = None) -
     cfg = current_app.config
     policy = policy or policy_from_config(cfg)
     min_sample = int(cfg["RLHF_AB_MIN_SAMPLE"])
-    answers, user_of = [], {}
+    excluded = frozenset(excluded_raters())
+    answers, user_of, left_out = [], {}, set()
     for a, uid in db.session.execute(db.select(Message, Conversation.user_id)
                                      .join(Conversation, Message.conversation_id == Conversation.id)
                                      .where(Message.experiment_id == exp.id, Message.role == "assistant")):
+        if uid in excluded:  # admins and quarantined raters: answered, but counted out of the verdict
+            left_out.add(uid)
+            continue
         answers.append(a)
         user_of[a.id] = uid
+    left_out |= excluded & set(db.session.scalars(db.select(Assignment.user_id)
+                                                  .where(Assignment.experiment_id == exp.id)))
     by_arm = {arm: [a for a in answers if a.arm == arm] for arm in ARMS}
     ids = [a.id for a in answers]
     feedback = {f.message_id: f for f in db.session.scalars(
@@ -155,7 +169,7 @@ def experiment_metrics(exp: Experiment, policy: PromotionPolicy | None = None) -
     paired = {p.message_a_id for p in pairs} | {p.message_b_id for p in pairs}
     scores = _reward_scores(answers, _reward_model_path(exp))
     users = user_table(_user_rows(exp, answers, user_of, feedback, pairs, paired, _regenerated(answers, paired),
-                                  scores))
+                                  scores, excluded))
     n_users = int((users["arm"] >= 0).sum())
     table = metrics_table(users, exp.traffic_split, min_sample, policy, users_per_day(exp, n_users))
     for arm in ARMS:
@@ -172,6 +186,7 @@ def experiment_metrics(exp: Experiment, policy: PromotionPolicy | None = None) -
         "daily": _daily(by_arm, feedback),
         "timeline": _timeline(exp, by_arm, feedback),
         "reward_model": display_path(_reward_model_path(exp)),
+        "excluded_users": len(left_out),
         "generated_at": iso(utcnow()),
     }
 

@@ -1,18 +1,30 @@
-"""The feedback a training cycle learns from: what counts as a feedback event, the records read
-from the database (redacted), and the export formats."""
+"""The feedback a training cycle learns from: what counts as a feedback event (in all and per
+user), the records read from the database (redacted), what the runner needs to know of each rater
+(``rater_infos``), and the export formats (with each row's rater columns)."""
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_
+from sqlalchemy import or_, union_all
 
 from rlhf.preference_data import build_datasets
 from rlhf.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
 from rlhf.redaction import redact_records
 
 from webapp.core.extensions import db
-from webapp.core.models import Comparison, Conversation, Feedback, Message, ModelVersion
+from webapp.core.models import (Comparison, Conversation, Feedback, Message, ModelVersion, RaterAssessment,
+                                RaterTrust, User, utcnow)
+from webapp.core.raters import trust_settings
+
+
+def _live_conversations():
+    return db.select(Conversation.id).where(Conversation.deleted_at.is_(None))
+
+
+# what makes a feedback row an event: any of these (see feedback_events)
+_EVENT_PARTS = {"thumbs": Feedback.thumb.is_not(None), "ratings": Feedback.rating.is_not(None),
+                "corrections": Feedback.correction.is_not(None)}
 
 
 def feedback_events(since: datetime | None = None) -> dict[str, int]:
@@ -23,9 +35,8 @@ def feedback_events(since: datetime | None = None) -> dict[str, int]:
 
     Returns the breakdown (``thumbs``/``ratings``/``corrections`` count rows carrying each, so
     they can overlap), ``rated_answers`` (rows carrying any), ``votes`` and ``total``."""
-    live = db.select(Conversation.id).where(Conversation.deleted_at.is_(None))
-    has = {"thumbs": Feedback.thumb.is_not(None), "ratings": Feedback.rating.is_not(None),
-           "corrections": Feedback.correction.is_not(None)}
+    live = _live_conversations()
+    has = _EVENT_PARTS
     cols = [db.func.count(Feedback.id)] + [db.func.count(db.case((cond, 1))) for cond in has.values()]
     fb = (db.select(*cols).join(Message, Feedback.message_id == Message.id)
           .where(Message.conversation_id.in_(live)).where(or_(*has.values())))
@@ -38,6 +49,47 @@ def feedback_events(since: datetime | None = None) -> dict[str, int]:
     n_votes = int(db.session.scalar(votes) or 0)
     return {"rated_answers": int(rated or 0), **{k: int(v or 0) for k, v in zip(has, parts)},
             "votes": n_votes, "total": int(rated or 0) + n_votes}
+
+
+def events_per_user(before: datetime | None = None):
+    """Feedback events per user as a subquery with columns ``uid`` and ``events``, by the definition
+    of :func:`feedback_events` (rated answers and votes in live conversations); ``before``: only
+    those first written before it (a rating's ``created_at``, a vote's ``voted_at``)."""
+    live = _live_conversations()
+    rated = (db.select(Feedback.user_id.label("uid")).join(Message, Feedback.message_id == Message.id)
+             .where(Message.conversation_id.in_(live)).where(or_(*_EVENT_PARTS.values())))
+    votes = (db.select(Comparison.user_id.label("uid")).join(Message, Comparison.prompt_message_id == Message.id)
+             .where(Message.conversation_id.in_(live)).where(Comparison.winner.is_not(None)))
+    if before is not None:
+        rated = rated.where(Feedback.created_at < before)
+        votes = votes.where(Comparison.voted_at < before)
+    both = union_all(rated, votes).subquery()
+    return db.select(both.c.uid, db.func.count().label("events")).group_by(both.c.uid).subquery()
+
+
+# a rater's "prior events" are those older than this: history they had before the current burst
+PRIOR_EVENTS_AGE = timedelta(hours=24)
+
+
+def rater_infos() -> dict[int, dict[str, Any]]:
+    """What rlhf.rater_trust needs to know of every user with feedback events, by user id:
+    ``trust`` (the admin's setting: auto/trusted/quarantined), ``account_age_hours`` (since the
+    user row was created), ``prior_events`` (their feedback events first written more than 24 h
+    ago: a rating's ``created_at``, a vote's ``voted_at``) and ``signed_in`` (they registered an
+    account, or are an admin). One query, however many raters there are."""
+    now = utcnow()
+    events = events_per_user()
+    prior = events_per_user(before=now - PRIOR_EVENTS_AGE)
+    rows = db.session.execute(
+        db.select(User.id, User.created_at, User.password_hash, User.is_admin, prior.c.events, RaterTrust.trust)
+        .join(events, events.c.uid == User.id)
+        .outerjoin(prior, prior.c.uid == User.id)
+        .outerjoin(RaterTrust, RaterTrust.user_id == User.id))
+    return {uid: {"trust": trust or "auto",
+                  "account_age_hours": max(0.0, (now - (created or now)).total_seconds() / 3600),
+                  "prior_events": int(n_prior or 0),
+                  "signed_in": bool(password_hash) or bool(is_admin)}
+            for uid, created, password_hash, is_admin, n_prior, trust in rows}
 
 
 def feedback_event_count(since: datetime | None = None) -> int:
@@ -86,7 +138,36 @@ def export_rows(fmt: str, redact: bool = True) -> list[dict[str, Any]]:
     from dataclasses import asdict
 
     records = feedback_records(redact=redact)
+    columns = _rater_columns()
     if fmt == "raw":
-        return [asdict(r) for r in records]
+        return [{**asdict(r), **columns([r.user_id])} for r in records]
     data = getattr(build_datasets(records), fmt)
-    return [{**row, "split": split} for split in ("train", "eval") for row in data[split]]
+    return [{**row, "split": split, **columns(row.get("raters"))} for split in ("train", "eval") for row in data[split]]
+
+
+def _rater_columns():
+    """``raters`` (user ids, as a row names them) -> ``rater_trust`` (the admin's setting: auto,
+    trusted, quarantined), ``rater_status`` and ``rater_weight`` (the latest training run's
+    assessment). One rater: plain values; several (a pair built from two conversations): lists in
+    the order of the row's ``raters``; none known: null. A value not known is null."""
+    trust = trust_settings()
+    users = set(db.session.scalars(db.select(User.id)))
+    assessed = {a.user_id: (a.status, a.weight) for a in db.session.scalars(db.select(RaterAssessment))}
+
+    def one(uid: Any) -> tuple[str | None, str | None, float | None]:
+        if not isinstance(uid, int) or uid not in users:
+            return None, None, None
+        status, weight = assessed.get(uid, (None, None))
+        return trust.get(uid, "auto"), status, weight
+
+    def columns(raters: Any) -> dict[str, Any]:
+        ids = list(raters) if isinstance(raters, (list, tuple)) else []
+        values = [one(uid) for uid in ids]
+        if len(values) == 1:
+            trust_v, status_v, weight_v = values[0]
+            return {"rater_trust": trust_v, "rater_status": status_v, "rater_weight": weight_v}
+        if not values:
+            return {"rater_trust": None, "rater_status": None, "rater_weight": None}
+        return {"rater_trust": [v[0] for v in values], "rater_status": [v[1] for v in values],
+                "rater_weight": [v[2] for v in values]}
+    return columns

@@ -1,0 +1,131 @@
+"""The admin raters page in Chromium: an admin sees the raters with their latest assessment,
+filters them, quarantines one with a note (confirmed in a dialog), the audit log has it and the
+status changes; restoring works the same way; user names are shown as text, never as markup;
+accessible (axe-core) and fitting a phone."""
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.accessibility import assert_accessible
+from tests.browser_checks import assert_nothing_injected, watch_csp, watch_dialogs
+from tests.conftest import make_app, register_model
+from tests.live_server import LiveServer
+from tests.test_raters import seed_raters
+from webapp.admin.auth import set_admin_password
+from webapp.core.extensions import db
+from webapp.core.models import RaterTrust
+
+pytestmark = pytest.mark.browser
+
+PASSWORD = "correct horse"
+DESKTOP = {"width": 1300, "height": 900}
+PHONE = {"width": 390, "height": 844}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, micro_model_dir):
+    instance = tmp_path_factory.mktemp("raters") / "instance"
+    app = make_app(instance)
+    register_model(app, micro_model_dir)
+    ids = seed_raters(app)
+    with app.app_context():
+        set_admin_password("root", PASSWORD)
+        db.engine.dispose()
+    live = LiveServer(instance)
+    yield live, app, ids
+    live.stop()
+
+
+def admin_page(browser, url: str, viewport: dict):
+    context = browser.new_context(viewport=viewport)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    csp = watch_csp(page)
+    dialogs = watch_dialogs(page)
+    page.goto(url + "/admin/login")
+    page.fill("input[name=username]", "root")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_selector("[data-testid=active-version]")
+    return context, page, errors, csp, dialogs
+
+
+def test_an_admin_quarantines_a_rater_with_a_note_and_restores_them(browser, server):
+    live, app, ids = server
+    context, page, errors, csp, dialogs = admin_page(browser, live.url, DESKTOP)
+    page.get_by_role("navigation", name="Admin sections").get_by_role("link", name="Raters").click()
+    expect(page.get_by_role("heading", name="Raters", level=1)).to_be_visible()
+    rows = page.locator("table[data-testid=raters] tbody tr")
+    expect(rows).to_have_count(4)
+    assert page.locator(f"tr[data-rater='{ids['heavy']}'] td").nth(3).inner_text() == "8"  # feedback events
+    odd = page.locator(f"tr[data-rater='{ids['odd']}']")
+    expect(odd.locator(".rater-name")).to_have_text("<img src=x onerror=alert(1)>")  # text, not markup
+    expect(odd.locator("[data-testid=rater-status]")).to_have_text("quarantined")
+    assert_accessible(page, "raters")
+
+    # filter: the assessment's quarantined raters only
+    page.select_option("#f-status", "quarantined")
+    page.get_by_role("button", name="Filter").click()
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_have_attribute("data-rater", str(ids["odd"]))
+    page.goto(live.url + "/admin/raters?min_events=3&sort=events")
+    expect(rows).to_have_count(2)
+
+    # quarantine with a note: asked first, in a dialog
+    heavy = page.locator(f"tr[data-rater='{ids['heavy']}']")
+    heavy.get_by_role("button", name="Quarantine heavy_rater").click()
+    dialog = page.get_by_role("dialog", name="Quarantine this rater")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text("Quarantine heavy_rater? Their feedback and votes will be left out")
+    assert_accessible(page, "quarantine dialog")
+    dialog.get_by_label("Note").fill("the same rating 40 times a minute")
+    dialog.get_by_role("button", name="Confirm").click()
+    heavy = page.locator(f"tr[data-rater='{ids['heavy']}']")
+    expect(heavy).to_have_attribute("data-trust", "quarantined")
+    expect(heavy.locator("[data-testid=rater-trust]")).to_have_text("set by admin: quarantined")
+    expect(heavy).to_contain_text("“the same rating 40 times a minute” — root")
+    expect(heavy.locator("[data-testid=rater-excluded]")).to_have_text("counted out of A/B verdicts")
+    audit = page.request.get(live.url + "/api/admin/audit").json()["events"][0]
+    assert (audit["action"], audit["actor"], audit["subject"]) == ("rater_trust", "root", "heavy_rater")
+    assert audit["detail"] == {"user_id": ids["heavy"], "old": "auto", "new": "quarantined",
+                               "note": "the same rating 40 times a minute"}
+    with app.app_context():
+        assert db.session.get(RaterTrust, ids["heavy"]).trust == "quarantined"
+
+    # cancel changes nothing; confirm restores
+    heavy.get_by_role("button", name="Restore heavy_rater to automatic").click()
+    dialog = page.get_by_role("dialog", name="Restore to automatic")
+    dialog.get_by_role("button", name="Cancel").click()
+    expect(dialog).to_be_hidden()
+    expect(heavy).to_have_attribute("data-trust", "quarantined")
+    heavy.get_by_role("button", name="Restore heavy_rater to automatic").click()
+    dialog.get_by_role("button", name="Confirm").click()
+    expect(page.locator(f"tr[data-rater='{ids['heavy']}']")).to_have_attribute("data-trust", "auto")
+
+    # the odd name in the dialog's question is text too
+    page.goto(live.url + "/admin/raters")
+    page.locator(f"tr[data-rater='{ids['odd']}']").get_by_role("button", name="Trust").click()
+    expect(page.get_by_role("dialog")).to_contain_text("Trust <img src=x onerror=alert(1)>?")
+    page.get_by_role("dialog").get_by_role("button", name="Confirm").click()
+    expect(page.locator(f"tr[data-rater='{ids['odd']}']")).to_have_attribute("data-trust", "trusted")
+    assert_nothing_injected(page, dialogs, "raters page")
+    context.close()
+    assert errors == [] and csp == [], (errors, csp)
+
+
+def test_the_raters_page_fits_a_phone(browser, server):
+    live, _, ids = server
+    context, page, errors, csp, _ = admin_page(browser, live.url, PHONE)
+    page.goto(live.url + "/admin/raters")
+    row = page.locator(f"tr[data-rater='{ids['new']}']")
+    assert row.evaluate("el => getComputedStyle(el).display") == "block"  # a card per rater
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= PHONE["width"]
+    assert_accessible(page, "raters (phone)")
+    row.get_by_role("button", name=f"Quarantine anonymous #{ids['new']}").click()
+    box = page.get_by_role("dialog").bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
+    page.get_by_role("dialog").get_by_role("button", name="Cancel").click()
+    context.close()
+    assert errors == [] and csp == [], (errors, csp)
