@@ -91,8 +91,10 @@ def test_guardrail_significantly_worse_retires_whatever_the_primary_says():
     (row(diff=0.01, seq=(-0.12, 0.14), p_seq=1.0), "wait"),
     # exactly at the margin: not ruled out
     (row(diff=0.0, seq=(-0.05, 0.05), p_seq=1.0), "wait"),
-    # too little data to judge: not a guardrail yet
-    (row(diff=-0.05, seq=(-0.5, 0.4), enough=False), "promote"),
+    # some data, too little to judge: not cleared yet
+    (row(diff=-0.05, seq=(-0.5, 0.4), enough=False), "wait"),
+    # no data at all in either arm (nobody rates with stars here): no guardrail
+    (row("mean_rating", 0.0, (None, None), enough=False, kind="mean", n=0), "promote"),
     # the rating's typical effect is a quarter star
     (row("mean_rating", -0.05, (-0.2, 0.1), kind="mean"), "promote"),
     (row("mean_rating", -0.05, (-0.3, 0.2), kind="mean"), "wait"),

@@ -8,8 +8,9 @@ monitor looks; the fixed-horizon p-values in the table are for reference only:
 
 * promote -- the primary metric has enough users with data in both arms and its sequential
              interval lies entirely on the better side, and every guardrail (thumbs, rating,
-             compare votes) with enough data clears: its sequential interval rules out a loss of
-             a typical effect (5 points, a quarter star) -- a sequential non-inferiority test;
+             compare votes) that has data clears: it has enough users and its sequential
+             interval rules out a loss of a typical effect (5 points, a quarter star) -- a
+             sequential non-inferiority test (a guardrail without any data is none);
 * retire  -- the primary metric's sequential interval lies entirely on the worse side, or a
              guardrail's does (a harm is proven, whatever the primary says), or the maximum
              duration has passed without a result (keep the control);
@@ -121,7 +122,10 @@ def unsafe(row: dict[str, Any], policy: PromotionPolicy) -> bool:
     valid at every look, with an error rate of at most ``guardrail_alpha``."""
     seq = row.get("sequential") or {}
     if not row.get("enough_data") or seq.get("low") is None or not seq.get("n"):
-        return False
+        # a guardrail users have started to give data on is not cleared before it can be judged
+        # (thumbs come before stars: the primary metric could otherwise be promoted on while the
+        # rating is still unmeasured); one nobody uses (no data in either arm) is no guardrail
+        return bool((row["control"].get("n") or 0) + (row["variant"].get("n") or 0))
     margin = policy.typical_effect_rating if row["name"] == "mean_rating" else policy.typical_effect_rate
     # the row's sequence is at policy.alpha; its half-width scales with the level as the boundary does
     tuning = seq.get("tuning") or policy.sequential_tuning
