@@ -11,7 +11,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .adapters import is_adapter
 from .curves import TrainingLogs
@@ -19,6 +19,7 @@ from .evaluation import evaluate_candidate
 from .loading import load_causal_lm
 from .policy_training import train_dpo, train_kto, train_ppo, train_rloo
 from .preference_data import DatasetBundle, build_datasets
+from .rater_trust import RaterInfo, trusted_bundle
 from .records import ConversationRecord
 from .reward_model import train_reward_model
 from .settings import CycleSettings
@@ -60,9 +61,23 @@ def fit_to_data(settings: CycleSettings, bundle: DatasetBundle) -> tuple[CycleSe
     return replace(settings, reward=reward, policy=policy).validate(), notes
 
 
-def prepare_data(conversations: list[ConversationRecord], settings: CycleSettings) -> DatasetBundle:
-    """The cycle's datasets; raises NotEnoughData (before any training) if a stage could not use them."""
-    bundle = build_datasets(conversations, settings.data)
+def weigh_raters(bundle: DatasetBundle, settings: CycleSettings,
+                 raters: Mapping[int, RaterInfo] | None = None) -> DatasetBundle:
+    """``bundle`` with rater trust applied (rlhf.rater_trust) when ``settings.trust.enabled`` and it
+    has not been applied yet: quarantined raters' rows removed, a ``weight`` on every other row,
+    the summary in ``counts["trust"]``. ``raters``: what the web layer knows about each rater (user
+    id -> RaterInfo); None, or a rater missing from it, means "auto" with an unknown age, which is
+    not treated as new (rlhf.rater_trust._is_new)."""
+    if not settings.trust.enabled or "trust" in bundle.counts:
+        return bundle
+    return trusted_bundle(bundle, raters, settings.trust)
+
+
+def prepare_data(conversations: list[ConversationRecord], settings: CycleSettings,
+                 raters: Mapping[int, RaterInfo] | None = None) -> DatasetBundle:
+    """The cycle's datasets, weighed by their raters (see ``weigh_raters``); raises NotEnoughData
+    (before any training) if a stage could not use them."""
+    bundle = weigh_raters(build_datasets(conversations, settings.data), settings, raters)
     fit_to_data(settings, bundle)
     return bundle
 
@@ -81,6 +96,17 @@ def train_judge(parent_dir: str | Path, bundle: DatasetBundle, out_dir: str | Pa
             "accuracy_pairs": metrics["eval_pairs"]}
 
 
+def describe_trust(trust: dict[str, Any]) -> str:
+    """Rater trust (``counts["trust"]``) in one log line."""
+    rules = trust["rules"]
+    parts = [f"{rules[name]['raters']} {words} ({rules[name]['share_removed']:.0%} of the signal)"
+             for name, words in (("quarantined", "quarantined"), ("capped", "capped"),
+                                 ("down_weighted", "down-weighted"), ("new", "new")) if rules[name]["raters"]]
+    reliability = "" if trust["applied"].get("reliability") else "; reliability not applied"
+    return (f"rater trust: {len(trust['raters'])} raters, {trust['weight_kept']:.0%} of the signal kept"
+            + (": " + ", ".join(parts) if parts else "") + reliability)
+
+
 def describe(evaluation: dict[str, Any]) -> str:
     """The gate's outcome in one log line."""
     h, judge = evaluation["heldout"], evaluation.get("judge")
@@ -96,11 +122,13 @@ def describe(evaluation: dict[str, Any]) -> str:
 def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, reward_dir: str | Path,
               policy_dir: str | Path, settings: CycleSettings = CycleSettings(),
               progress: ProgressFn | None = None, log: LogFn | None = None,
-              bundle: DatasetBundle | None = None, logs: TrainingLogs | None = None) -> CycleResult:
+              bundle: DatasetBundle | None = None, logs: TrainingLogs | None = None,
+              raters: Mapping[int, RaterInfo] | None = None) -> CycleResult:
     """Run every stage. Writes the reward model to ``reward_dir`` and the new policy to
     ``policy_dir`` (both must not exist yet or be empty). Raises NotEnoughData before any
     training when the data cannot support it. ``logs``: where every trainer's per-step logs go
-    as they are logged (training curves, TensorBoard; rlhf.curves)."""
+    as they are logged (training curves, TensorBoard; rlhf.curves). ``raters``: what is known about
+    each rater (rlhf.rater_trust); a ``bundle`` given without trust applied gets it here."""
     settings.validate()
     say = log or (lambda line: None)
     if is_adapter(parent_dir):
@@ -116,7 +144,7 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
                 + ("; the new LoRA policy is saved merged" if settings.policy.lora else ""))
             return run_cycle(conversations, merged, reward_dir, policy_dir,
                              replace(settings, policy=replace(settings.policy, lora_merge=True)),
-                             progress, log, bundle, logs)
+                             progress, log, bundle, logs, raters)
     report = progress or (lambda *a: None)
     timings: dict[str, float] = {}
     peaks: dict[str, float] = {}
@@ -126,7 +154,8 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
 
     t0 = time.perf_counter()
     report("data", 0, 1)
-    bundle = bundle or prepare_data(conversations, settings)
+    bundle = weigh_raters(bundle, settings, raters) if bundle is not None else \
+        prepare_data(conversations, settings, raters)
     settings, notes = fit_to_data(settings, bundle)
     for note in notes:
         say(f"sized to the data: {note}")
@@ -135,6 +164,8 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
     report("data", 1, 1)
     say(f"data: {bundle.counts['pairs']['train']} train / {bundle.counts['pairs']['eval']} held-out pairs, "
         f"{bundle.counts['prompts']['train']} train / {bundle.counts['prompts']['eval']} held-out prompts")
+    if "trust" in bundle.counts:
+        say(describe_trust(bundle.counts["trust"]))
 
     t0 = time.perf_counter()
     reward_metrics = train_reward_model(parent_dir, bundle.pairs["train"], bundle.pairs["eval"], reward_dir,

@@ -5,6 +5,13 @@ plain ``save_pretrained`` directory, or with ``lora`` the LoRA adapter alone (pe
 ``save_pretrained``), whose ``base_model_name_or_path`` is the parent directory: served on top
 of the parent's loaded weights (rlhf.adapters). ``lora_merge`` writes the merged model instead.
 They never change the parent; a failure leaves ``out_dir`` to be discarded by the caller.
+
+Row weights (rlhf.rater_trust): DPO and KTO use *weighted resampling* with the training seed
+(each row appears floor or ceil of its weight, scaled to mean 1, times: rlhf.rater_trust.
+resample_by_weight), not a loss override: their loss functions are long and change between TRL
+releases, and a subclass copying them would silently drift. Equal weights leave the rows, and so
+the training, unchanged. PPO and RLOO take prompts, which are not weighted: the prompts of
+quarantined raters are already gone from the bundle.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from .loading import resolve_device
 from .preference_data import to_standard
+from .rater_trust import resample_by_weight
 from .reward_model import context_length, score_texts
 from .trl_utils import ProgressCallback, attach_logs, drop_printer, quiet_trl, report_to, training_precision
 from .progress import ProgressFn
@@ -163,9 +171,11 @@ def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: li
 def train_dpo(policy_dir: str | Path, train_pairs: list[dict], out_dir: str | Path,
               settings: PolicySettings = PolicySettings(), device: str = "auto",
               progress: ProgressFn | None = None, logs: Any = None) -> dict[str, Any]:
-    """Direct preference optimisation on the same preference pairs the reward model sees."""
+    """Direct preference optimisation on the same preference pairs the reward model sees (row
+    weights by weighted resampling)."""
     from trl import DPOConfig, DPOTrainer
 
+    train_pairs = resample_by_weight(train_pairs, settings.seed)
     # keep_end: an over-long pair loses the start of its prompt; TRL's default (keep_start) drops
     # pairs whose prompt fills the context, which left small data sets with nothing to train on
     result, log, rows = _offline(DPOTrainer, DPOConfig, policy_dir, train_pairs, ("prompt", "chosen", "rejected"),
@@ -177,9 +187,11 @@ def train_dpo(policy_dir: str | Path, train_pairs: list[dict], out_dir: str | Pa
 def train_kto(policy_dir: str | Path, train_examples: list[dict], out_dir: str | Path,
               settings: PolicySettings = PolicySettings(), device: str = "auto",
               progress: ProgressFn | None = None, logs: Any = None) -> dict[str, Any]:
-    """KTO on unpaired good/bad answers (thumbs, ratings, corrections, votes)."""
+    """KTO on unpaired good/bad answers (thumbs, ratings, corrections, votes); row weights by
+    weighted resampling."""
     from trl import KTOConfig, KTOTrainer
 
+    train_examples = resample_by_weight(train_examples, settings.seed)
     positives = sum(1 for r in train_examples if r["label"])
     negatives = len(train_examples) - positives
     if not positives or not negatives:

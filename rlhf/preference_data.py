@@ -17,6 +17,11 @@ Rules (each produces rows tagged with their ``source``):
 * sft (``prompt``/``completion``): the positive half of the kto rows.
 * prompts (``prompt``): every user turn with its history, for PPO/RLOO rollouts.
 
+Every row carries ``raters``: the user ids whose feedback made it (a conversation's owner is its
+rater: users only rate their own conversations). A same_prompt pair joins two conversations and
+so has two raters; a row that several raters produced identically (a duplicate, dropped) names
+all of them; a row with no known rater has ``()``. rlhf.rater_trust weighs rows by their raters.
+
 Conversations are split into train and held-out by a hash of their first question, so no
 conversation (and no pair built from one) is on both sides, and every conversation that opens
 with the same question is on the same side: held-out questions are ones training never saw, and
@@ -88,11 +93,12 @@ class _Collector:
     def __init__(self, settings: DataSettings) -> None:
         self.settings = settings
         self.rows: dict[str, list[dict]] = {"train": [], "eval": []}
-        self.seen: set[str] = set()
+        self.seen: dict[str, dict] = {}
         self.dropped: Counter = Counter()
         self.sources: Counter = Counter()
 
-    def add(self, split: str, row: dict, key: str, texts: Iterable[str], source: str) -> None:
+    def add(self, split: str, row: dict, key: str, texts: Iterable[str], source: str,
+            raters: tuple[int, ...] = ()) -> None:
         texts = list(texts)
         if any(not t.strip() for t in texts):
             self.dropped["empty"] += 1
@@ -100,34 +106,48 @@ class _Collector:
         if any(len(t) > self.settings.max_chars for t in texts):
             self.dropped["too_long"] += 1
             return
-        if key in self.seen:
+        if key in self.seen:  # the same row again: dropped, but its raters made it too
             self.dropped["duplicate"] += 1
+            kept = self.seen[key]
+            kept["raters"] = _merge(kept["raters"], raters)
             return
-        self.seen.add(key)
-        self.rows[split].append({**row, "source": source})
+        self.seen[key] = stored = {**row, "source": source, "raters": _merge((), raters)}
+        self.rows[split].append(stored)
         self.sources[source] += 1
 
 
+def _merge(first: tuple[int, ...], more: tuple[int, ...]) -> tuple[int, ...]:
+    """``first`` then the ids of ``more`` it lacks (order kept, no repeats)."""
+    out = list(first)
+    for r in more:
+        if r not in out:
+            out.append(r)
+    return tuple(out)
+
+
 def _add_pair(pairs: _Collector, split: str, prompt: Messages, chosen: str, rejected: str, margin: float,
-              source: str) -> None:
+              source: str, raters: tuple[int, ...]) -> None:
     pairs.add(split, {"prompt": prompt, "chosen": _assistant(chosen), "rejected": _assistant(rejected),
-                      "margin": margin}, _key(history_text(prompt), chosen, rejected), [chosen, rejected], source)
+                      "margin": margin}, _key(history_text(prompt), chosen, rejected), [chosen, rejected], source,
+              raters)
 
 
-def _add_kto(kto: _Collector, split: str, prompt: Messages, text: str, label: bool, source: str) -> None:
+def _add_kto(kto: _Collector, split: str, prompt: Messages, text: str, label: bool, source: str,
+             raters: tuple[int, ...]) -> None:
     kto.add(split, {"prompt": prompt, "completion": _assistant(text), "label": label},
-            _key(history_text(prompt), text, label), [text], source)
+            _key(history_text(prompt), text, label), [text], source, raters)
 
 
 def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSettings = DataSettings()) -> DatasetBundle:
     pairs, kto, prompts = _Collector(settings), _Collector(settings), _Collector(settings)
     totals: Counter = Counter()
     # answers to first questions, grouped by the question's text, for same_prompt pairs
-    by_question: dict[str, list[tuple[str, int, Messages, str, float]]] = defaultdict(list)
+    by_question: dict[str, list[tuple[str, int, Messages, str, float, tuple[int, ...]]]] = defaultdict(list)
 
     for conv in conversations:
         totals["conversations"] += 1
         split = conversation_split(conv, settings)
+        rater: tuple[int, ...] = () if conv.user_id is None else (conv.user_id,)
         by_id = {m.id: m for m in conv.messages}
         children: dict[int, list[MessageRecord]] = defaultdict(list)
         for m in conv.messages:
@@ -139,7 +159,7 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
             if m.role == "user":
                 history = _history(m, by_id)
                 text = history_text(history)
-                prompts.add(split, {"prompt": history}, _key(text), [text], "user_turn")
+                prompts.add(split, {"prompt": history}, _key(text), [text], "user_turn", rater)
                 continue
             if m.role != "assistant" or m.parent_id is None or m.parent_id not in by_id:
                 continue
@@ -150,15 +170,15 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
             totals["feedback"] += 1
             score = fb.score()
             if score is not None:
-                _add_kto(kto, split, prompt, m.content, score > 0, "rating")
+                _add_kto(kto, split, prompt, m.content, score > 0, "rating", rater)
                 if len(prompt) == 1 and score != 0:
                     by_question[question_key(prompt[0]["content"])].append(
-                        (split, conv.id, prompt, m.content, score))
+                        (split, conv.id, prompt, m.content, score, rater))
             if fb.correction and fb.correction.strip() != m.content.strip():
                 totals["corrections"] += 1
-                _add_pair(pairs, split, prompt, fb.correction, m.content, 1.0, "correction")
-                _add_kto(kto, split, prompt, fb.correction, True, "correction")
-                _add_kto(kto, split, prompt, m.content, False, "corrected")
+                _add_pair(pairs, split, prompt, fb.correction, m.content, 1.0, "correction", rater)
+                _add_kto(kto, split, prompt, fb.correction, True, "correction", rater)
+                _add_kto(kto, split, prompt, m.content, False, "corrected", rater)
 
         # siblings: answers to the same question with different thumbs/ratings
         for parent_id, kids in children.items():
@@ -171,7 +191,7 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
                         continue
                     win, lose = (a, b) if sa > sb else (b, a)
                     _add_pair(pairs, split, prompt, win.content, lose.content, round(abs(sa - sb) / 2, 3),
-                              "siblings")
+                              "siblings", rater)
 
         for c in conv.comparisons:
             if c.winner is None:
@@ -184,12 +204,12 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
             prompt = _history(q, by_id)
             if c.winner in ("a", "b"):
                 win, lose = (a, b) if c.winner == "a" else (b, a)
-                _add_pair(pairs, split, prompt, win.content, lose.content, 1.0, "compare")
-                _add_kto(kto, split, prompt, win.content, True, "compare_winner")
-                _add_kto(kto, split, prompt, lose.content, False, "compare_loser")
+                _add_pair(pairs, split, prompt, win.content, lose.content, 1.0, "compare", rater)
+                _add_kto(kto, split, prompt, win.content, True, "compare_winner", rater)
+                _add_kto(kto, split, prompt, lose.content, False, "compare_loser", rater)
             elif c.winner == "both_bad":
                 for m in (a, b):
-                    _add_kto(kto, split, prompt, m.content, False, "both_bad")
+                    _add_kto(kto, split, prompt, m.content, False, "both_bad", rater)
 
     # same question, different conversations: clearly better vs clearly worse answers
     for answers in by_question.values():
@@ -207,7 +227,8 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
                     continue
                 used[id(g)] += 1
                 used[id(b)] += 1
-                _add_pair(pairs, g[0], g[2], g[3], b[3], round((g[4] - b[4]) / 2, 3), "same_prompt")
+                _add_pair(pairs, g[0], g[2], g[3], b[3], round((g[4] - b[4]) / 2, 3), "same_prompt",
+                          _merge(g[5], b[5]))
 
     # pairs whose chosen and rejected texts are identical teach nothing
     for split in ("train", "eval"):
@@ -216,8 +237,8 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
         pairs.rows[split] = kept
 
     bundle = DatasetBundle(pairs=pairs.rows, kto=kto.rows, prompts=prompts.rows)
-    bundle.sft = {split: [{"prompt": r["prompt"], "completion": r["completion"], "source": r["source"]}
-                          for r in rows if r["label"]] for split, rows in kto.rows.items()}
+    bundle.sft = {split: [{"prompt": r["prompt"], "completion": r["completion"], "source": r["source"],
+                           "raters": r["raters"]} for r in rows if r["label"]] for split, rows in kto.rows.items()}
     bundle.counts = {
         **dict(totals),
         "pairs": {s: len(r) for s, r in pairs.rows.items()},
@@ -254,7 +275,7 @@ def to_standard(row: dict, tokenizer: Any) -> dict:
             if eos and eos in completion:
                 completion = completion[: completion.index(eos) + len(eos)]
             out[key] = completion
-    for key in ("label", "margin"):
+    for key in ("label", "margin", "weight"):  # weight: rlhf.rater_trust's row weight
         if key in row:
             out[key] = row[key]
     return out

@@ -9,18 +9,26 @@ tests and by ``benchmarks/closed_loop.py``.
 Like real users they are never told which model version or A/B arm answered them (the chat API
 keeps arms blind); an evaluation that needs to know looks each answer's ``message_id`` up in the
 database.
+
+A ``contrary`` user rates against its preference (an attacker pushing the opposite, or a troll).
+:func:`simulate_records` runs the same behaviour without a server: answers are sampled from the
+corpus in the base model's proportions and the feedback comes back as plain records
+(rlhf.records), as the web layer would hand them to training (rlhf.rater_trust's tests and
+measurements use it).
 """
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator, Sequence
 
 import requests
 
 from . import corpus
 from .preferences import PreferenceFn, preference
+from .records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
 
 
 @dataclass
@@ -30,6 +38,43 @@ class Behaviour:
     correction_prob: float = 0.2  # chance an unsatisfying answer gets a correction
     regenerate_prob: float = 0.3  # chance an unsatisfying answer is regenerated
     compare_prob: float = 0.15  # chance a question is asked in side-by-side mode
+    contrary: bool = False  # rates against the preference (an attacker pushing the opposite)
+
+
+def _judged(rng: random.Random, judge: PreferenceFn, behaviour: Behaviour, question: str, answer: str) -> float:
+    """The satisfaction a user acts on: the preference, flipped by noise, reversed when contrary."""
+    sat = judge(question, answer)
+    if rng.random() < behaviour.noise:
+        sat = 1.0 - sat
+    return 1.0 - sat if behaviour.contrary else sat
+
+
+def _feedback(rng: random.Random, behaviour: Behaviour, sat: float, ideal: Callable[[], str]) -> dict[str, Any] | None:
+    """The feedback a user gives an answer it is ``sat`` satisfied with (the API's body), or None."""
+    if rng.random() >= behaviour.rate_prob:
+        return None
+    body: dict[str, Any] = {"thumb": "up" if sat >= 0.5 else "down",
+                            "rating": max(1, min(5, round(1 + 4 * sat + rng.uniform(-0.5, 0.5))))}
+    if sat < 0.5 and rng.random() < behaviour.correction_prob:
+        body["correction"] = ideal()
+    return body
+
+
+def _ideal_answer(rng: random.Random, judge: PreferenceFn, behaviour: Behaviour, question: str) -> str:
+    """What the user would have wanted: a corpus answer that satisfies its preference (a contrary
+    user: one that does not)."""
+    topic = corpus.topic_of(question) or rng.choice(corpus.TOPICS)
+    task = next((t for t in topic.tasks if t.phrase in question.lower()), None)
+    for _ in range(20):
+        quality = rng.choice(corpus.QUALITIES) if behaviour.contrary else "helpful"
+        text = corpus.make_answer(rng, quality, topic, task)
+        if (judge(question, text) >= 0.5) != behaviour.contrary:
+            return text
+    return text
+
+
+def _winner(sa: float, sb: float) -> str:
+    return "a" if sa > sb else "b" if sb > sa else ("both_bad" if sa < 0.5 else "tie")
 
 
 @dataclass
@@ -75,30 +120,21 @@ class SimulatedUser:
 
     # -- behaviour -------------------------------------------------------------------------
     def _judge(self, question: str, answer: str) -> float:
-        sat = self.judge(question, answer)
-        if self.rng.random() < self.behaviour.noise:
-            sat = 1.0 - sat
-        return sat
+        return _judged(self.rng, self.judge, self.behaviour, question, answer)
 
     def _rate(self, message_id: int, question: str, sat: float) -> int:
-        if not self.rate or self.rng.random() >= self.behaviour.rate_prob:
+        if not self.rate:
             return 0
-        body: dict[str, Any] = {"thumb": "up" if sat >= 0.5 else "down",
-                                "rating": max(1, min(5, round(1 + 4 * sat + self.rng.uniform(-0.5, 0.5))))}
-        if sat < 0.5 and self.rng.random() < self.behaviour.correction_prob:
-            body["correction"] = self.ideal_answer(question)
+        body = _feedback(self.rng, self.behaviour, sat, lambda: self.ideal_answer(question))
+        if body is None:
+            return 0
         self._post(f"/api/messages/{message_id}/feedback", body)
         return 1
 
     def ideal_answer(self, question: str) -> str:
-        """What the user would have wanted: a corpus answer that satisfies their preference."""
-        topic = corpus.topic_of(question) or self.rng.choice(corpus.TOPICS)
-        task = next((t for t in topic.tasks if t.phrase in question.lower()), None)
-        for _ in range(20):
-            text = corpus.make_answer(self.rng, "helpful", topic, task)
-            if self.judge(question, text) >= 0.5:
-                return text
-        return text
+        """What the user would have wanted: a corpus answer that satisfies their preference (a
+        contrary user: one that does not)."""
+        return _ideal_answer(self.rng, self.judge, self.behaviour, question)
 
     def ask(self, question: str) -> list[Interaction]:
         """Ask one question (new conversation), react to the answer(s)."""
@@ -110,7 +146,7 @@ class SimulatedUser:
             took = time.perf_counter() - started
             a, b = data["a"], data["b"]
             sa, sb = self._judge(question, a["content"]), self._judge(question, b["content"])
-            winner = "a" if sa > sb else "b" if sb > sa else ("both_bad" if sa < 0.5 else "tie")
+            winner = _winner(sa, sb)
             self._post(f"/api/pairs/{data['pair_id']}/vote", {"winner": winner})
             out = [Interaction(question, m["content"], m["id"], self.judge(question, m["content"]),
                                took / 2, 0) for m in (a, b)]
@@ -138,3 +174,84 @@ class SimulatedUser:
 def prompt_set(n: int = 120, seed: int = 11) -> list[str]:
     """Questions simulated users ask (corpus-style, all topics)."""
     return corpus.sample_prompts(n, seed=seed)
+
+
+# ---------------------------------------------------------------------------- without a server
+
+def base_like_answer(rng: random.Random, question: str) -> str:
+    """An answer like the embedded base model's: a corpus answer of a random quality in the
+    corpus's proportions (helpful 40%; terse, rude, off-topic, rambling 15% each)."""
+    topic = corpus.topic_of(question) or rng.choice(corpus.TOPICS)
+    task = next((t for t in topic.tasks if t.phrase in question.lower()), None)
+    quality = rng.choices(corpus.QUALITIES, corpus.QUALITY_WEIGHTS)[0]
+    return corpus.make_answer(rng, quality, topic, task)
+
+
+@dataclass
+class OfflineUser:
+    """A simulated user without a server: the same behaviour as :class:`SimulatedUser` (thumbs and
+    stars, corrections, regenerations, side-by-side votes), answers from :func:`base_like_answer`,
+    its feedback as plain records (one conversation per question, ``user_id`` = the rater)."""
+
+    user_id: int
+    preference: str | PreferenceFn = "polite"  # a name (rlhf.preferences) or the function itself
+    seed: int = 0
+    behaviour: Behaviour = field(default_factory=Behaviour)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.judge: PreferenceFn = preference(self.preference) if isinstance(self.preference, str) else self.preference
+
+    def _record(self, fb: dict[str, Any] | None) -> FeedbackRecord | None:
+        return None if fb is None else FeedbackRecord(thumb=fb["thumb"], rating=fb["rating"],
+                                                      correction=fb.get("correction"))
+
+    def conversation(self, question: str, ids: Iterator[int]) -> ConversationRecord:
+        """Ask ``question`` in a new conversation and react to the answer(s); ``ids`` numbers the
+        conversation and its messages (shared by every user of a simulation)."""
+        rng, b = self.rng, self.behaviour
+        cid, qid = next(ids), next(ids)
+        msgs = [MessageRecord(qid, "user", question)]
+        if rng.random() < b.compare_prob:
+            a_text, b_text = base_like_answer(rng, question), base_like_answer(rng, question)
+            sa, sb = (_judged(rng, self.judge, b, question, t) for t in (a_text, b_text))
+            a_id, b_id = next(ids), next(ids)
+            msgs += [MessageRecord(a_id, "assistant", a_text, qid), MessageRecord(b_id, "assistant", b_text, qid)]
+            vote = ComparisonRecord(next(ids), qid, a_id, b_id, _winner(sa, sb))
+            return ConversationRecord(cid, tuple(msgs), (vote,), user_id=self.user_id)
+        answer = base_like_answer(rng, question)
+        sat = _judged(rng, self.judge, b, question, answer)
+        fb = _feedback(rng, b, sat, lambda: _ideal_answer(rng, self.judge, b, question))
+        msgs.append(MessageRecord(next(ids), "assistant", answer, qid, self._record(fb)))
+        if sat < 0.5 and rng.random() < b.regenerate_prob:
+            again = base_like_answer(rng, question)
+            sat2 = _judged(rng, self.judge, b, question, again)
+            fb2 = _feedback(rng, b, sat2, lambda: _ideal_answer(rng, self.judge, b, question))
+            msgs.append(MessageRecord(next(ids), "assistant", again, qid, self._record(fb2)))
+        return ConversationRecord(cid, tuple(msgs), user_id=self.user_id)
+
+
+def simulate_records(groups: Sequence[tuple[int, int, str | PreferenceFn, Behaviour]], seed: int = 0,
+                     questions: Sequence[str] | None = None) -> tuple[list[ConversationRecord], dict[int, str]]:
+    """Feedback of several groups of offline users, as the records a training cycle reads.
+
+    ``groups``: ``(users, questions_each, preference, behaviour)`` per group, e.g.
+    ``[(30, 10, "polite", Behaviour()), (10, 30, "polite", Behaviour(contrary=True))]``: 30
+    honest users asking 10 questions each and 10 contrary ones asking 30. Questions are drawn from
+    ``questions`` (default: ``prompt_set()``), so different users ask the same questions (as
+    people do; same_prompt pairs join them). Users are numbered 1, 2, ... in group order; returns
+    the records (interleaved over users, as feedback arrives) and each user's group label
+    ("<preference>" or "contrary <preference>")."""
+    pool = list(questions or prompt_set())
+    rng = random.Random(seed)
+    ids = itertools.count(1)
+    users: list[tuple[OfflineUser, int]] = []
+    label: dict[int, str] = {}
+    for n, each, pref, behaviour in groups:
+        for _ in range(n):
+            uid = len(users) + 1
+            users.append((OfflineUser(uid, pref, seed=rng.randrange(2**31), behaviour=behaviour), each))
+            label[uid] = ("contrary " if behaviour.contrary else "") + getattr(pref, "__name__", str(pref))
+    turns = [u for u, each in users for _ in range(each)]
+    rng.shuffle(turns)
+    return [u.conversation(rng.choice(pool), ids) for u in turns], label
