@@ -192,3 +192,31 @@ def test_export_feedback_in_trl_columns_without_deleted_conversations(instance, 
     assert victim_title  # the deleted conversation's question may recur in others; its id must not
     bad = cli("export-feedback", "--format", "csv", "--output", str(tmp_path / "x"))
     assert bad.exit_code == 2 and "Invalid value for '--format'" in bad.output
+
+
+def test_a_run_weighs_its_raters_and_stores_their_assessments(instance):
+    """The runner hands every rater's admin setting and history to rlhf.rater_trust: a rater an
+    admin quarantined trains nothing, the run records what each rule did, and every rater's
+    assessment is stored for the raters page and the verdicts."""
+    from webapp.core.models import RaterAssessment, RaterTrust
+    from webapp.core.raters import excluded_raters
+
+    app = make_app(instance)
+    seed_feedback(app, 60)
+    with app.app_context():
+        raters = sorted({c.user_id for c in db.session.scalars(db.select(Conversation))})
+        db.session.add(RaterTrust(user_id=raters[0], trust="quarantined", note="a test"))
+        db.session.commit()
+    result = cli("rl-train", "--min-feedback", "10", "--json")
+    assert result.exit_code in (0, 3), result.output
+    with app.app_context():
+        run = db.session.scalars(db.select(TrainingRun)).one()
+        trust = run.feedback_counts["trust"]
+        assert trust["rules"]["quarantined"]["raters"] == 1 and trust["rules"]["quarantined"]["rows"] > 0
+        stored = {a.user_id: a for a in db.session.scalars(db.select(RaterAssessment))}
+        assert set(stored) == set(raters)
+        assert (stored[raters[0]].status, stored[raters[0]].weight) == ("quarantined", 0)
+        assert all(a.training_run_id == run.id for a in stored.values())
+        assert all(a.weight > 0 for uid, a in stored.items() if uid != raters[0])
+        assert raters[0] in excluded_raters()
+        assert "rater trust:" in (run.log or "")

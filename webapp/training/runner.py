@@ -17,15 +17,17 @@ from flask import current_app
 from rlhf import registry
 from rlhf.algorithms import ALGORITHMS
 from rlhf.curves import CurvesFile, TrainingLogs
-from rlhf.cycle import CycleSettings, NotEnoughData, fit_to_data, overall_progress, run_cycle
+from rlhf.cycle import CycleSettings, NotEnoughData, describe_trust, fit_to_data, overall_progress, run_cycle, weigh_raters
 from rlhf.preference_data import build_datasets
+from rlhf.rater_trust import RaterInfo
 from rlhf.progress import ProgressFn
 from rlhf.stage_sizing import DataSize
 
 from webapp.core.extensions import db
 from webapp.core.settings import current_settings
 from webapp.core.models import ModelVersion, TrainingRun, active_version, utcnow
-from webapp.training.records import feedback_event_count, feedback_records
+from webapp.core.raters import store_assessments
+from webapp.training.records import feedback_event_count, feedback_records, rater_infos
 from webapp.training.runs import (RunRefused, curves_path, next_version_name, recover_stale_runs, run_folder,
                                   training_lock)
 from webapp.training.watchdog import RunWatchdog, run_limits
@@ -90,6 +92,11 @@ class RunTracker:
         db.session.commit()
 
 
+def known_raters() -> dict[int, RaterInfo]:
+    """What the database knows of every rater (admin trust setting, account age, history)."""
+    return {uid: RaterInfo(rater=uid, **info) for uid, info in rater_infos().items()}
+
+
 def run_training(trigger: str = "cli", algorithm: str | None = None, min_feedback: int | None = None,
                  max_steps: int | None = None, lora: bool | None = None, bars: ProgressFn | None = None,
                  run_id: int | None = None, watchdog: bool = False, **overrides: Any) -> dict[str, Any]:
@@ -134,7 +141,8 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
             raise RunRefused(f"not enough feedback yet: {events} feedback events, need at least {min_feedback}")
         records = feedback_records()
         try:
-            bundle = build_datasets(records, settings.data)
+            # every rater's weight in this cycle (rlhf.rater_trust): caps, agreement, quarantine
+            bundle = weigh_raters(build_datasets(records, settings.data), settings, known_raters())
             settings, sizing_notes = fit_to_data(settings, bundle)  # NotEnoughData before any run exists
         except NotEnoughData as exc:
             raise RunRefused(str(exc)) from None
@@ -149,12 +157,17 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
         run.feedback_counts = {"events": events, **bundle.counts}
         run.config = {**settings.to_dict(), "limits": limits}
         db.session.commit()
+        trust = bundle.counts.get("trust")
+        if trust:  # each rater's latest assessment, for the raters page and the verdicts
+            store_assessments(run.id, trust.get("raters") or {})
         run_id, parent_id, parent_name, parent_path = run.id, parent.id, parent.name, parent.path
         guard = RunWatchdog(current_app._get_current_object(), run_id, limits).start() if watchdog else None
         tracker = RunTracker(run_id, bars, watchdog=guard)
         if recovered:
             tracker.log(f"recovered stale runs {recovered}: marked failed")
         tracker.log(f"parent {parent_name}; {events} feedback events; algorithm {algorithm}")
+        if trust:
+            tracker.log(describe_trust(trust))
         for note in sizing_notes:
             tracker.log(f"sized to the data: {note}")
         tracker.log(f"limits: stopped after {limits['stall_seconds']:.0f} s without progress or "
