@@ -193,7 +193,8 @@ def experiment_phase(url: str, instance: Path, pref: str, share: float, seed: in
     return (done[2] or "ended") if done else "wait"
 
 
-def run_scenario(pref: str, share: float, defences: bool, model_dir: Path, seed: int) -> dict[str, Any]:
+def run_scenario(pref: str, share: float, defences: bool, model_dir: Path, seed: int,
+                 extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     instance = Path(tempfile.mkdtemp(prefix=f"poison-{pref}-{share}-{'on' if defences else 'off'}-")) / "instance"
     register_model(make_app(instance), model_dir)
@@ -201,8 +202,10 @@ def run_scenario(pref: str, share: float, defences: bool, model_dir: Path, seed:
                           "RLHF_AB_MIN_SAMPLE": "30"}
     if not defences:
         env |= {"RLHF_TRAINING_TRUST_ENABLED": "0", "RLHF_AB_USER_CAP": "0"}
+    env |= extra_env or {}
     server = LiveServer(instance, env=env)
-    result: dict[str, Any] = {"preference": pref, "attacker_share_of_accounts": share, "defences": defences}
+    result: dict[str, Any] = {"preference": pref, "attacker_share_of_accounts": share, "defences": defences,
+                              "settings": extra_env or {}}
     try:
         result |= feedback_phase(server.url, pref, share, seed)
         total = result["honest_events"] + result["attacker_events"]
@@ -269,6 +272,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=BUDGET, help="feedback events in the cycle (smoke runs: fewer)")
     ap.add_argument("--eval-questions", type=int, default=EVAL_QUESTIONS)
     ap.add_argument("--experiment-users", type=int, default=EXPERIMENT_USERS)
+    ap.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="settings for the server (e.g. RLHF_TRAINING_TRUST_MAX_MULTIPLE_OF_MEDIAN=1)")
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -278,7 +283,8 @@ def main() -> None:
     for pref in args.preference:
         for share in args.shares:
             for mode in args.defences:
-                res = run_scenario(pref, share, mode == "on", model_dir, args.seed)
+                res = run_scenario(pref, share, mode == "on", model_dir, args.seed,
+                                   dict(item.split("=", 1) for item in args.env))
                 results.append(res)
                 print(json.dumps(res, default=str), flush=True)
                 if args.json:
