@@ -17,10 +17,11 @@ from flask import current_app
 from rlhf import registry
 from rlhf.algorithms import ALGORITHMS
 from rlhf.curves import CurvesFile, TrainingLogs
-from rlhf.cycle import CycleSettings, NotEnoughData, describe_trust, fit_to_data, overall_progress, run_cycle, weigh_raters
+from rlhf.cycle import (CycleSettings, NotEnoughData, describe_trust, fit_to_data, overall_progress, run_cycle,
+                        weigh_raters)
 from rlhf.preference_data import build_datasets
-from rlhf.rater_trust import RaterInfo
 from rlhf.progress import ProgressFn
+from rlhf.rater_trust import RaterInfo
 from rlhf.stage_sizing import DataSize
 
 from webapp.core.extensions import db
