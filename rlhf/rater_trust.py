@@ -333,6 +333,120 @@ def _agreement(items: _Items, fit_weight: np.ndarray, folds: int, fit_on: np.nda
     return tally
 
 
+def _score_fold(items: _Items, theta: np.ndarray, held: np.ndarray, tally: _Tally) -> None:
+    """Add what ``theta`` makes of the ``held`` items (single-rater ones) to ``tally``."""
+    margin = (items.rows[held] @ theta) * items.label[held]
+    for i, m in zip(np.flatnonzero(held), margin):
+        r = items.raters[i][0]
+        if items.is_kto[i] == 0:
+            if abs(m) > 1e-9:
+                tally.pair_n[r] += 1
+                tally.pair_ok[r] += int(m > 0)
+        else:
+            tally.kto[r] += (m > 0, 1, 0, 0) if items.label[i] > 0 else (0, 0, m > 0, 1)
+
+
+def _rater_loglik(items: _Items, thetas: Sequence[np.ndarray], mask: np.ndarray) -> dict[int, np.ndarray]:
+    """Per rater, the log-likelihood of its own single-rater ``mask`` items under each model."""
+    out: dict[int, np.ndarray] = {}
+    idx = np.flatnonzero(mask)
+    if not len(idx):
+        return out
+    z = np.stack([(items.rows[idx] @ th) * items.label[idx] for th in thetas], axis=1)
+    ll = -np.logaddexp(0.0, -z)
+    for i, row in zip(idx, ll):
+        r = items.raters[i][0]
+        out[r] = out.get(r, 0.0) + row
+    return out
+
+
+def _two_camps(items: _Items, train: np.ndarray, vote: Mapping[int, float], counts: Mapping[int, float],
+               folds: int, rounds: int = 6) -> tuple[np.ndarray, np.ndarray, dict[int, float]]:
+    """A mixture of two agreement models over the raters of the ``train`` items (EM: each rater is
+    in camp A with probability pi; each camp's model is fitted on its raters' items weighted by
+    pi and their vote; pi follows the likelihood of the rater's own items). Started by splitting
+    raters at the median share of thumbs up, the most visible difference between people who want
+    opposite things. Returns camp A's model, camp B's, and each rater's probability of A."""
+    single = train & np.array([len(rs) == 1 for rs in items.raters])
+    raters = sorted({r for i in np.flatnonzero(train) for r in items.raters[i]})
+    up: dict[int, list[float]] = {r: [1.0, 2.0] for r in raters}  # Laplace: (ups + 1) / (rows + 2)
+    for i in np.flatnonzero(single & (items.is_kto == 1)):
+        r = items.raters[i][0]
+        up[r][0] += items.label[i] > 0
+        up[r][1] += 1
+    rate = {r: a / n for r, (a, n) in up.items()}
+    median = float(np.median(list(rate.values()))) if rate else 0.5
+    pi = {r: 0.9 if rate[r] > median else 0.5 if rate[r] == median else 0.1 for r in raters}
+    inner = _fold_of(raters, min(folds, len(raters)))
+    item_inner = [{inner[r] for r in rs if r in inner} for rs in items.raters]
+    thetas: list[np.ndarray] = []
+    for _ in range(rounds):
+        w = [np.array([np.mean([(pi.get(r, 0.5) if camp == 0 else 1 - pi.get(r, 0.5)) * vote.get(r, 1.0)
+                                for r in rs]) if rs else 1.0 for rs in items.raters]) for camp in (0, 1)]
+        # each rater is placed by models fitted without it (in-sample, a camp keeps whoever it starts with)
+        ll: dict[int, np.ndarray] = {}
+        for g in range(min(folds, len(raters))):
+            out = np.array([g not in fs for fs in item_inner])
+            held = single & ~out
+            if not held.any():
+                continue
+            models = []
+            for camp in (0, 1):
+                use = train & out & (w[camp] > 1e-9)
+                models.append(_fit(items.rows[use], items.label[use], w[camp][use], items.bias) if use.sum() >= 2
+                              else np.zeros(items.rows.shape[1]))
+            ll.update(_rater_loglik(items, models, held))
+        prior = min(max(float(np.mean(list(pi.values()))) if pi else 0.5, 1e-3), 1 - 1e-3)
+        for r in raters:
+            d = _logit(prior) + float(ll[r][0] - ll[r][1]) if r in ll else _logit(prior)
+            pi[r] = float(_sigmoid(np.array([d]))[0])
+    for camp in (0, 1):
+        w = np.array([np.mean([(pi.get(r, 0.5) if camp == 0 else 1 - pi.get(r, 0.5)) * vote.get(r, 1.0)
+                               for r in rs]) if rs else 1.0 for rs in items.raters])
+        use = train & (w > 1e-9)
+        thetas.append(_fit(items.rows[use], items.label[use], w[use], items.bias) if use.sum() >= 2
+                      else np.zeros(items.rows.shape[1]))
+    return thetas[0], thetas[1], pi
+
+
+def _camp_agreement(items: _Items, vote: Mapping[int, float], counts: Mapping[int, float], folds: int
+                    ) -> tuple[_Tally, dict[int, float]]:
+    """Cross-fitted camps: for each fold of raters, the two-camp mixture is fitted on the items no
+    rater of the fold touched, and the fold's raters are scored by the majority camp's model
+    (their agreement) and placed by both models (their probability of being in the majority).
+    Nothing about a rater enters the model it is judged by, so under feedback the features cannot
+    explain this agreement is chance, as for the plain leave-raters-out fit -- but when a
+    minority rates the opposite way with more evidence per person (corrections in the opposite
+    style, thumbs down on what the majority is content with), the plain fit is pulled to chance
+    while the majority camp's model is not."""
+    raters = sorted({r for rs in items.raters for r in rs})
+    tally = _Tally.empty(raters)
+    member: dict[int, float] = {r: 1.0 for r in raters}
+    k = min(folds, len(raters))
+    fold = _fold_of(raters, k)
+    item_folds = [{fold[r] for r in rs} for rs in items.raters]
+    single = np.array([len(rs) == 1 for rs in items.raters])
+    for f in range(k):
+        train = np.array([f not in fs for fs in item_folds])
+        held = single & np.array([f in fs for fs in item_folds])
+        if not held.any() or train.sum() < 2:
+            continue
+        first, second, pi = _two_camps(items, train, vote, counts, folds)
+        prior = min(max(float(np.mean(list(pi.values()))) if pi else 0.5, 1e-3), 1 - 1e-3)
+        ll = _rater_loglik(items, [first, second], held)
+        placed = {**pi, **{r: float(_sigmoid(np.array([_logit(prior) + float(a - b)]))[0]) for r, (a, b) in ll.items()}}
+        # the majority is counted over every rater, the fold's too (placed by models fitted
+        # without them): counted over the other folds only, a fold holding many of the majority
+        # left a tie (measured: 10 of 30 honest raters in one fold of 50, 20 contrary elsewhere)
+        size = sum(counts.get(r, 1.0) * m for r, m in placed.items())
+        flip = size < sum(counts.get(r, 1.0) for r in placed) - size
+        major = second if flip else first
+        _score_fold(items, major, held, tally)
+        for r in ll:
+            member[r] = 1.0 - placed[r] if flip else placed[r]
+    return tally, member
+
+
 @dataclass
 class _State:
     """One Dawid-Skene run: the factors it settled on and what they rest on."""
@@ -346,9 +460,36 @@ class _State:
     raw: dict[int, float] = field(default_factory=dict)  # unshrunk, raters with items only
     pooled: float | None = None
     first: tuple[float | None, float] = (None, 1.0)  # balanced agreement of the first fit, its p-value
+    dispersion_p: float = 1.0  # the first fit: p-value of "every rater agrees at chance" (chi-square)
     valid: bool = False
     support: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+
+def _dispersion(correct: Mapping[int, float], checked: Mapping[int, float]) -> float:
+    """p-value of "every rater agrees with the held-out fit at chance" (Pearson's chi-square over
+    raters, one degree of freedom each). When the features cannot express what raters prefer,
+    each rater's leave-raters-out agreement is a coin flip; camps that cancel out in the pooled
+    agreement (a quarter of the raters far below chance, the rest above) still spread far beyond
+    it. Balanced kto counts vary less than binomial ones under that null, so the test is
+    conservative there."""
+    stat, df = 0.0, 0
+    for r, n in checked.items():
+        if n > 0:
+            stat += (correct[r] - n / 2) ** 2 / (n / 4)
+            df += 1
+    return float(stats.chi2.sf(stat, df)) if df else 1.0
+
+
+def _head_to_head(a: "_State", b: "_State", counts: Mapping[int, float]) -> "_State":
+    """The fixed point more people side with: each rater (counted ``counts[r]``: a new identity
+    ``new_weight``, as a swarm of fresh accounts agreeing with itself is not a crowd) backs the one
+    its own items agree with more (a tie: half each). Absolute counts ("raters above 0.5") failed
+    here: a blurred fixed point that half-agrees with everybody tied with the honest one."""
+    for st, other in ((a, b), (b, a)):
+        st.support = sum(counts.get(r, 0.0) * (1.0 if st.raw[r] > other.raw[r] else 0.5 if st.raw[r] == other.raw[r]
+                                               else 0.0) for r in st.raw if r in other.raw)
+    return a if a.support >= b.support else b
 
 
 def _is_new(info: RaterInfo | None, settings: TrustSettings) -> bool:
@@ -458,16 +599,12 @@ def assess_raters(bundle: DatasetBundle, raters: Mapping[int, RaterInfo] | None,
             tally = _agreement(items, fit_weight, settings.folds, everything, single)
             if it == 0:
                 state.first = _pooled(*tally.balanced(), vote)
+                state.dispersion_p = _dispersion(*tally.balanced())
             decide(state, tally, vote)
             state.notes.append(
                 f"{label} iteration {it + 1}: agreement {state.pooled if state.pooled is not None else 0:.3f} on "
                 f"{sum(state.checked.values())} rater-items; {len(state.quarantined)} below chance, "
                 f"{sum(1 for r in auto if state.soft[r] < 0.5)} below half weight")
-        # the people on this fixed point's side: raters whose own items mostly agree with it (a
-        # new identity counts new_weight even if it graduates here, as a swarm of fresh accounts
-        # agreeing with itself would: it is not a crowd)
-        state.support = sum((1.0 if state.raw[r] > 0.5 else 0.5 if state.raw[r] == 0.5 else 0.0) * factor_new[r]
-                            for r in state.raw if admin[r] != "quarantined")
         state.valid = state.pooled is not None and state.pooled > 0.5
         return state
 
@@ -487,10 +624,43 @@ def assess_raters(bundle: DatasetBundle, raters: Mapping[int, RaterInfo] | None,
                    for r in mass}
         if any(flipped[r] > 0.5 for r in auto):
             runs.append(run(flipped, "from the distrusted:"))
+        # Both can miss the honest camp when it is content and light (three thumbs up each) and a
+        # minority is dissatisfied and busy: the plain fits then sit near chance. A two-camp
+        # mixture, cross-fitted over raters, finds the camps anyway (each has its own share of
+        # thumbs up); its majority model's agreement with each rater, measured without that
+        # rater, is a third candidate. It is not iterated: reweighting by agreement measured on
+        # the same items drifted back toward the busy minority (measured: 29 -> 4 of 41 contrary
+        # raters below chance in three rounds).
+        counts = {r: 0.0 if admin[r] == "quarantined" else factor_new[r] for r in mass}
+        vote0, _ = votes(_State(soft={r: 1.0 for r in mass}, reliability={r: 1.0 for r in mass}))
+        camp_tally, member = _camp_agreement(items, vote0, counts, settings.folds)
+        camp = _pooled(*camp_tally.balanced(), vote0)
+        camp_dispersion = _dispersion(*camp_tally.balanced())
+        notes.append(f"camps: the majority camp's model (fitted without each fold) agrees with the raters' own items "
+                     f"{camp[0] if camp[0] is not None else 0:.3f} (balanced, by people), spread beyond chance "
+                     f"p = {camp_dispersion:.2g}; {sum(1 for r in auto if member.get(r, 1.0) < 0.5)} raters placed "
+                     f"in the minority")
+        start = {r: member.get(r, 1.0) if admin[r] == "auto" else 1.0 for r in mass}
+        by_camp = _State(soft=dict(start), reliability=dict(start))
+        decide(by_camp, camp_tally, vote0)
+        by_camp.valid = by_camp.pooled is not None and (
+            min(camp_dispersion, camp[1] if camp[0] is not None and camp[0] > 0.5 else 1.0) < settings.quarantine_p)
+        by_camp.notes.append(f"from the majority camp: agreement {by_camp.pooled or 0:.3f} on "
+                             f"{sum(by_camp.checked.values())} rater-items; {len(by_camp.quarantined)} below chance, "
+                             f"{sum(1 for r in auto if by_camp.soft[r] < 0.5)} below half weight")
+        runs.append(by_camp)
         for st in runs:
             notes += st.notes
         valid = [st for st in runs if st.valid]
-        chosen = max(valid, key=lambda st: st.support) if valid else None
+        chosen = None
+        if by_camp.valid:
+            # selection-free (no rater's items choose the model it is judged by), so it is not
+            # put head to head with the Dawid-Skene runs, whose agreement is inflated by
+            # reweighting on the same items
+            chosen = by_camp
+        else:
+            for st in valid:
+                chosen = st if chosen is None else _head_to_head(chosen, st, counts)
         # The guard. Later fits are weighted by agreement measured on the same items, so even a
         # preference the features cannot express ends up looking learnable (measured on coin-flip
         # judgements: pooled agreement 0.55 -> 0.65 in three rounds). So it asks two questions
@@ -499,18 +669,26 @@ def assess_raters(bundle: DatasetBundle, raters: Mapping[int, RaterInfo] | None,
         # kept fixed point beyond chance even after a Bonferroni correction over all raters.
         balanced, balanced_p = first.first
         camps = chosen is not None and any(p * len(mass) < settings.quarantine_p for p in chosen.quarantined.values())
-        if not ((balanced is not None and balanced > 0.5 and balanced_p < settings.quarantine_p) or camps):
+        dispersed = min(first.dispersion_p, camp_dispersion) < settings.quarantine_p
+        majority = camp[0] is not None and camp[0] > 0.5 and camp[1] < settings.quarantine_p
+        if not ((balanced is not None and balanced > 0.5 and balanced_p < settings.quarantine_p) or camps
+                or dispersed or majority):
             shown = "none" if balanced is None else f"{balanced:.3f} (p = {balanced_p:.2g})"
             notes.append(f"reliability not applied: the leave-raters-out agreement is not significantly above "
-                         f"chance (balanced {shown}) and no rater disagrees beyond chance: the features cannot "
+                         f"chance (balanced {shown}), raters do not spread beyond chance around it (p = "
+                         f"{min(first.dispersion_p, camp_dispersion):.2g}), the majority camp's model does not predict "
+                         f"held-out raters either, and no rater disagrees beyond chance: the features cannot "
                          f"express what raters prefer, so agreement says nothing about a rater")
             chosen = None
         elif chosen is not None:
             applied["reliability"] = applied["quarantine"] = True
-            if len(runs) > 1:
-                notes.append(f"kept the run {'from everyone' if chosen is first else 'from the distrusted'}"
-                             + (f": more raters agree with it ({chosen.support:g} vs "
-                                f"{min(st.support for st in valid):g})" if len(valid) > 1 else ""))
+            if chosen is by_camp:
+                notes.append("kept the majority camp's agreement: the camps are significant, and it is measured "
+                             "without selection")
+            else:
+                notes.append(f"kept the run {chosen.notes[0].split(':')[0] if chosen.notes else ''}"
+                             + (f": head to head, more raters side with it ({chosen.support:g}, new identities "
+                                f"counting {settings.new_weight:g})" if len(valid) > 1 else ": the only valid run"))
     quarantined = chosen.quarantined if chosen else {}
     graduated = chosen.graduated if chosen else {}
     reliability = {r: chosen.reliability.get(r, 1.0) for r in mass} if chosen else {r: 1.0 for r in mass}
@@ -580,16 +758,27 @@ def assess_raters(bundle: DatasetBundle, raters: Mapping[int, RaterInfo] | None,
 
 # ---------------------------------------------------------------------------- applying
 
+JOINED_SOURCES = ("same_prompt",)  # rows built from several raters' separate judgements
+
+
 def row_weight(row: Mapping[str, Any], result: TrustResult) -> float | None:
-    """A row's weight: the mean of its raters' weights (a rater the result does not know, and a
-    row without raters, count 1); None when every rater of the row is quarantined (drop it)."""
+    """A row's weight: the mean of its raters' weights when they gave it identically (a rater the
+    result does not know, and a row without raters, count 1), None when every one of them is
+    quarantined (drop it). A row joined from several raters' separate judgements (a same_prompt
+    pair) weighs its least trusted rater's weight, and is dropped when any of them is quarantined."""
     raters = tuple(row.get("raters", ()))
     if not raters:
         return 1.0
     reports = [result.raters.get(r) for r in raters]
-    if all(rep is not None and rep.status == "quarantined" for rep in reports):
+    out = [rep is not None and rep.status == "quarantined" for rep in reports]
+    weights = [1.0 if rep is None else rep.weight for rep in reports]
+    if row.get("source") in JOINED_SOURCES:
+        # the pair stands on each rater's judgement (one liked the chosen answer, another
+        # disliked the rejected one): it is as trustworthy as the least trusted of them
+        return None if any(out) else float(min(weights))
+    if all(out):
         return None
-    return float(np.mean([1.0 if rep is None else rep.weight for rep in reports]))
+    return float(np.mean(weights))
 
 
 def apply_trust(bundle: DatasetBundle, result: TrustResult) -> DatasetBundle:

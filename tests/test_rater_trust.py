@@ -239,20 +239,25 @@ def test_apply_trust_drops_quarantined_rows_and_weighs_the_others():
                conv(3, 3, [("Rinse it.", up), ("Ugh.", down)], question="Rice?"),
                conv(4, None, [("whose?", up)], question="Who?")]
     bundle = build_datasets(records, ALL_TRAIN)
-    infos = {1: RaterInfo(1, account_age_hours=2.0), 2: RaterInfo(2, trust="quarantined"),
+    infos = {1: RaterInfo(1, account_age_hours=2.0), 2: RaterInfo(2, account_age_hours=100.0, prior_events=50),
              3: RaterInfo(3, trust="quarantined")}
     result = assess_raters(bundle, infos, TrustSettings(iterations=0, max_share=1.0))
     kept = apply_trust(bundle, result)
     pairs = {r["source"]: r for r in kept.pairs["train"]}
-    assert set(pairs) == {"same_prompt"}  # rater 3's siblings pair is gone, the mixed pair stays
-    assert pairs["same_prompt"]["weight"] == pytest.approx((0.5 + 0.0) / 2)  # new rater 1, quarantined 2
+    assert set(pairs) == {"same_prompt"}  # rater 3's siblings pair is gone
+    # joined from new rater 1's thumb up and rater 2's thumb down: as trusted as the less trusted
+    assert pairs["same_prompt"]["weight"] == pytest.approx(0.5)
     kto = {r["completion"][0]["content"]: r["weight"] for r in kept.kto["train"]}
-    assert kto == {"good answer": 0.5, "whose?": 1.0}
+    assert kto == {"good answer": 0.5, "bad answer": 1.0, "whose?": 1.0}
     assert {r["prompt"][0]["content"] for r in kept.prompts["train"]} == {"Same?", "Who?"}
-    assert kept.counts["pairs"]["train"] == 1 and kept.counts["kto"]["train"] == 2
-    assert kept.counts["trust"]["rows_removed"] == {"pairs": 1, "kto": 3, "sft": 1, "prompts": 1}
-    assert kept.counts["trust"]["raters"]["2"]["status"] == "quarantined"
-    assert row_weight({"raters": ()}, result) == 1.0 and row_weight({"raters": (2, 3)}, result) is None
+    assert kept.counts["pairs"]["train"] == 1 and kept.counts["kto"]["train"] == 3
+    assert kept.counts["trust"]["rows_removed"] == {"pairs": 1, "kto": 2, "sft": 1, "prompts": 1}
+    assert kept.counts["trust"]["raters"]["3"]["status"] == "quarantined"
+    assert row_weight({"raters": ()}, result) == 1.0 and row_weight({"raters": (3,)}, result) is None
+    # a row two raters gave identically keeps the other's word; a pair joined from a quarantined
+    # rater's judgement is gone
+    assert row_weight({"raters": (2, 3)}, result) == pytest.approx(0.5)
+    assert row_weight({"raters": (2, 3), "source": "same_prompt"}, result) is None
     assert bundle.pairs["train"][0].get("weight") is None  # the input bundle is untouched
 
 
