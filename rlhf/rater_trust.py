@@ -43,23 +43,39 @@ simulated feedback, rlhf.simulated_users.simulate_records, before it was added):
 * *Camps.* Contrary raters do not just add noise: they form a camp whose items (many
   corrections and regenerations: they dislike most answers) carry more evidence per person than
   the honest majority's mostly-thumbs-up. A fit on everyone then sits near chance or even on
-  the swarm's side, and Dawid-Skene has a fixed point per camp. So a second run starts from the
-  raters the first one distrusted, and the fixed point that more *people* agree with is kept
-  (a new identity counts ``new_weight`` there). With the swarm below half of the accounts the
-  honest camp won in every simulation; at half, it won only when the swarm's accounts were new
-  and the others' were not. Beyond that no agreement-based rule can tell who is honest.
+  the swarm's side, and Dawid-Skene has a fixed point per camp. Two Dawid-Skene runs (from
+  everyone, and from the raters the first distrusted) and a head-to-head vote of the raters
+  between them were enough when honest raters were heavy (10 questions each); with light,
+  content ones (3 thumbs up each, as in benchmarks/poisoning.py) both runs stayed near chance
+  and the guard switched reliability off. So there is a third candidate, selection-free:
+  a two-camp mixture (EM; each camp its own model and share of thumbs up, started by splitting
+  raters at the median share of thumbs up) is fitted for each fold of raters on the other
+  folds only, the camp more *people* are in (a new identity counting ``new_weight``) is the
+  majority, and each rater is judged by the majority model fitted without it. When those camps
+  are significant (the guard's tests below, on this agreement) this agreement decides: measured
+  on the benchmark-shaped simulation (62 light honest raters, 21 or 41 contrary ones at three
+  times the volume, 3 seeds x 3 preferences), 76-100% of the contrary raters were quarantined
+  and honest raters kept 96-100% of the signal at 25% of the accounts (0.55-1.0 at 40%).
+  It is not iterated: reweighting by agreement measured on the same items drifted back toward
+  the busy minority. At half of the accounts no agreement rule can tell who is honest.
+* *Joined pairs.* A same_prompt pair joins one rater's thumb up and another's thumb down: it
+  weighs its least trusted rater's weight and goes when either is quarantined (a pair half made
+  of an attacker's judgement is the attacker's).
 * *Guard without selection bias.* Fits weighted by agreement measured on the same items make
   even coin-flip judgements look learnable (pooled agreement 0.55 -> 0.65 in three rounds), so
-  the guard asks what selection cannot fake: the *first*, unweighted fit agrees with held-out
-  raters above chance (kto rows by balanced accuracy, 0.5 for a model that knows nothing,
-  whatever the share of thumbs up), or some rater disagrees with the kept fixed point beyond
-  chance after a Bonferroni correction over all raters (camps that cancel out in the first fit).
+  the guard asks what selection cannot fake: the *first*, unweighted fit or the cross-fitted
+  majority camp's model agrees with held-out raters above chance (kto rows by balanced
+  accuracy, 0.5 for a model that knows nothing, whatever the share of thumbs up); or raters
+  spread around chance beyond what chance allows (Pearson's chi-square over raters, on either
+  of those fits: camps that cancel out in a pooled figure still spread); or some rater
+  disagrees with the kept fixed point beyond chance after a Bonferroni correction.
 
 The agreement model is a *proxy* for the neural reward model: a linear Bradley-Terry (pairs) and
 logistic (kto, with a bias: the crowd's share of thumbs up) model on hashed word unigrams and
 bigrams of the answer text plus its log length, L2-regularised, fitted by Newton-CG on sparse
-features in tens of milliseconds, so refitting it ``folds`` times per iteration, twice, costs
-about a second a cycle on 2 CPU cores for 40-50 raters. It never sees the prompt.
+features in tens of milliseconds. The Dawid-Skene runs refit it ``folds`` times per iteration;
+the cross-fitted camps ``folds`` x (``folds`` x 2 x 6 + 2) times: 1.5-5 s a cycle on 2 CPU cores
+for 60-100 raters. It never sees the prompt.
 """
 from __future__ import annotations
 

@@ -159,16 +159,39 @@ def test_a_contrary_swarm_of_a_quarter_of_the_accounts_loses_its_weight():
 
 def test_a_contrary_swarm_of_forty_percent_of_the_accounts_is_cut_far_below_its_raw_share():
     """20 contrary accounts among 50 at three times the volume (71% of the raw signal): a fit on
-    everyone sides with the swarm (its corrections carry more evidence per person), so the
-    honest majority is found by the second Dawid-Skene run, started from the distrusted, and
-    kept because more people agree with it. Measured: 0.0% of the weight (5 seeds, 3 preferences)."""
+    everyone sides with the swarm (its corrections carry more evidence per person); the honest
+    majority is found by the cross-fitted camps (before them, by the second Dawid-Skene run,
+    started from the distrusted). Measured: 0.0% of the weight (3 seeds, 3 preferences)."""
     bundle, label = simulate([(30, 10, "concise", HONEST), (20, 30, "concise", CONTRARY)], seed=1)
     result = assess_raters(bundle, None, TrustSettings())
     raw, share, quarantined, n = shares(result, label, "contrary")
     assert raw > 0.65
     assert share < raw / 3
     assert not any(result.raters[r].status == "quarantined" for r in result.raters if label[r] == "concise")
-    assert any("from the distrusted" in note for note in result.notes)
+    assert any("majority camp" in note for note in result.notes)
+
+
+def test_light_content_raters_outvote_a_busy_dissatisfied_minority():
+    """The attack benchmark's shape: 62 honest users with 3 questions each, mostly content (three
+    thumbs up make no preference pair), and 21 contrary accounts (25%) asking 9 each, rating
+    everything and correcting 40% of what they dislike -- over half of the events, and most of
+    the evidence per person. Both Dawid-Skene runs sat near chance here and the guard turned
+    reliability off (contrary share after the rules 40-43%); the cross-fitted camps find the
+    majority. Measured over 3 seeds x 3 preferences: 76-100% of the contrary raters quarantined,
+    honest share of the signal 95-100%, honest raters quarantined: none."""
+    attacker = Behaviour(noise=0.0, rate_prob=1.0, correction_prob=0.4, contrary=True)
+    bundle, label = simulate([(62, 3, "polite", HONEST), (21, 9, "polite", attacker)], seed=1)
+    result = assess_raters(bundle, None, TrustSettings())
+    raw, share, quarantined, n = shares(result, label, "contrary")
+    assert raw > 0.45
+    assert result.applied["reliability"]
+    assert any("majority camp" in note for note in result.notes)
+    assert share < 0.1 and quarantined >= 0.7 * n
+    assert not any(rep.status == "quarantined" for r, rep in result.raters.items() if label[r] == "polite")
+    kept = apply_trust(bundle, result)
+    # what the reward model trains on: pairs with a contrary rater's judgement in them are gone
+    assert all(all(label[r] == "polite" or result.raters[r].status != "quarantined" for r in row["raters"])
+               for row in kept.pairs["train"])
 
 
 def test_volume_does_not_buy_the_consensus():
