@@ -31,3 +31,20 @@ def assert_nothing_injected(page, dialogs: list[str], where: str = "") -> None:
     assert page.evaluate("window.__xss") is None, where
     injected = page.locator("img[src='x'], svg[onload], body script")
     assert injected.count() == 0, f"{where}: {injected.first.evaluate('e => e.outerHTML')}"
+
+
+def admin_login(browser, url: str, password: str, viewport: dict, **context_args):
+    """A new browser context signed in as the admin "root" on the dashboard, with its page
+    watched: returns (context, page, page errors, CSP violations, dialogs)."""
+    context = browser.new_context(viewport=viewport, **context_args)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    csp = watch_csp(page)
+    dialogs = watch_dialogs(page)
+    page.goto(url + "/admin/login")
+    page.fill("input[name=username]", "root")
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit]")
+    page.wait_for_selector("[data-testid=active-version]")
+    return context, page, errors, csp, dialogs

@@ -7,7 +7,7 @@ import pytest
 import requests
 
 from rlhf.corpus import sample_prompts
-from tests.browser_checks import XSS, XSS_PAYLOADS, assert_nothing_injected, watch_csp, watch_dialogs
+from tests.browser_checks import XSS, XSS_PAYLOADS, admin_login, assert_nothing_injected, watch_csp
 from tests.conftest import make_app, register_model
 from tests.live_server import LiveServer
 from webapp.admin.auth import set_admin_password
@@ -133,17 +133,8 @@ def hostile_user(url: str) -> None:
 def test_hostile_user_text_is_literal_text_on_every_admin_page(browser, admin_server):
     url = admin_server.url
     hostile_user(url)
-    context = browser.new_context(viewport={"width": 1300, "height": 1000})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    csp_violations = watch_csp(page)
-    dialogs = watch_dialogs(page)
-    page.goto(url + "/admin/login")
-    page.fill("input[name=username]", "root")
-    page.fill("input[name=password]", "correct horse")
-    page.click("button[type=submit]")
-    page.wait_for_selector("[data-testid=active-version]")
+    context, page, errors, csp_violations, dialogs = admin_login(browser, url, "correct horse",
+                                                                 {"width": 1300, "height": 1000})
 
     # the feedback browser shows the question, the correction and the comment as typed
     page.goto(url + "/admin/feedback?has_correction=1&thumb=down&rating=1")

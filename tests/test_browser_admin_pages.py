@@ -17,7 +17,7 @@ import pytest
 
 from rlhf.corpus import sample_prompts
 from tests.accessibility import assert_accessible
-from tests.browser_checks import watch_csp
+from tests.browser_checks import admin_login
 from tests.conftest import make_app, register_model
 from tests.feedback_factory import add_exchange
 from tests.live_server import LiveServer
@@ -219,16 +219,7 @@ PAGES = [("overview", "/admin/"), ("experiments", "/admin/experiments"),
 
 
 def logged_in_page(browser, url: str, viewport: dict, **context_args):
-    context = browser.new_context(viewport=viewport, **context_args)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    csp = watch_csp(page)
-    page.goto(url + "/admin/login")
-    page.fill("input[name=username]", "root")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_selector("[data-testid=active-version]")
+    context, page, errors, csp, _ = admin_login(browser, url, PASSWORD, viewport, **context_args)
     return context, page, errors, csp
 
 

@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.accessibility import assert_accessible
-from tests.browser_checks import assert_nothing_injected, watch_csp, watch_dialogs
+from tests.browser_checks import admin_login, assert_nothing_injected
 from tests.conftest import make_app, register_model
 from tests.live_server import LiveServer
 from tests.test_raters import seed_raters
@@ -38,18 +38,7 @@ def server(tmp_path_factory, micro_model_dir):
 
 
 def admin_page(browser, url: str, viewport: dict):
-    context = browser.new_context(viewport=viewport)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    csp = watch_csp(page)
-    dialogs = watch_dialogs(page)
-    page.goto(url + "/admin/login")
-    page.fill("input[name=username]", "root")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_selector("[data-testid=active-version]")
-    return context, page, errors, csp, dialogs
+    return admin_login(browser, url, PASSWORD, viewport)
 
 
 def test_an_admin_quarantines_a_rater_with_a_note_and_restores_them(browser, server):
