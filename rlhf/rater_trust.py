@@ -648,7 +648,10 @@ def assess_raters(bundle: DatasetBundle, raters: Mapping[int, RaterInfo] | None,
         # the same items drifted back toward the busy minority (measured: 29 -> 4 of 41 contrary
         # raters below chance in three rounds).
         counts = {r: 0.0 if admin[r] == "quarantined" else factor_new[r] for r in mass}
-        vote0, _ = votes(_State(soft={r: 1.0 for r in mass}, reliability={r: 1.0 for r in mass}))
+        # one rater, one vote, and nothing else: with the volume cap on top (as in the runs'
+        # fits) a busy camp's own model was too thin to form, and the split came out muddled
+        vote0 = {r: 0.0 if admin[r] == "quarantined" else 1.0 if median <= 0 else min(1.0, median / mass[r])
+                 for r in mass}
         camp_tally, member = _camp_agreement(items, vote0, counts, settings.folds)
         camp = _pooled(*camp_tally.balanced(), vote0)
         camp_dispersion = _dispersion(*camp_tally.balanced())
@@ -658,7 +661,8 @@ def assess_raters(bundle: DatasetBundle, raters: Mapping[int, RaterInfo] | None,
                      f"in the minority")
         start = {r: member.get(r, 1.0) if admin[r] == "auto" else 1.0 for r in mass}
         by_camp = _State(soft=dict(start), reliability=dict(start))
-        decide(by_camp, camp_tally, vote0)
+        # the crowd it compares a rater with is the majority camp (everyone would include the minority)
+        decide(by_camp, camp_tally, {r: v * member.get(r, 1.0) for r, v in vote0.items()})
         by_camp.valid = by_camp.pooled is not None and (
             min(camp_dispersion, camp[1] if camp[0] is not None and camp[0] > 0.5 else 1.0) < settings.quarantine_p)
         by_camp.notes.append(f"from the majority camp: agreement {by_camp.pooled or 0:.3f} on "
