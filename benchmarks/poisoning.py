@@ -110,8 +110,10 @@ def feedback_phase(url: str, pref: str, share: float, seed: int) -> dict[str, in
             "honest_users": users["honest"], "attacker_users": users["attacker"]}
 
 
-def _version_dirs(instance: Path, run_id: int) -> tuple[str | None, str | None, str | None]:
-    """(parent path, candidate path, reward model path) of a run."""
+def _version_dirs(instance: Path, run_id: int) -> tuple[tuple[str | None, str | None, str | None], dict | None,
+                                                      list[str] | None]:
+    """(parent path, candidate path, reward model path) of a run, its trust summary, and the gate's
+    reasons (empty when it passed)."""
     app = make_app(instance)
     with app.app_context():
         run = db.session.get(TrainingRun, run_id)
@@ -119,8 +121,9 @@ def _version_dirs(instance: Path, run_id: int) -> tuple[str | None, str | None, 
         parent = db.session.get(ModelVersion, version.parent_id) if version and version.parent_id else None
         rm = (run.metrics or {}).get("reward_model_path") if run else None
         trust = (run.feedback_counts or {}).get("trust") if run else None
+        gate = ((run.metrics or {}).get("evaluation") or {}).get("reasons") if run else None
         db.session.remove()
-    return (parent.path if parent else None, version.path if version else None, rm), trust
+    return (parent.path if parent else None, version.path if version else None, rm), trust, gate
 
 
 def satisfaction(model_dir: str, pref: str, questions: list[str], seed: int = 7) -> list[bool]:
@@ -213,8 +216,9 @@ def run_scenario(pref: str, share: float, defences: bool, model_dir: Path, seed:
         run = wait_for(lambda: (r := db_state(instance)[0]) and r[-1][1] in ("succeeded", "failed") and r[-1], 900)
         result["run"] = {"status": run[1], "decision": run[3]} if run else {"status": "no run"}
         if run and run[1] == "succeeded":
-            (parent, candidate, rm), trust = _version_dirs(instance, run[0])
+            (parent, candidate, rm), trust, gate = _version_dirs(instance, run[0])
             result["trust"] = {"rules": (trust or {}).get("rules"), "applied": (trust or {}).get("applied")}
+            result["gate_reasons"] = gate
             questions = prompt_set(EVAL_QUESTIONS, seed=99)
             c, v = satisfaction(parent, pref, questions), satisfaction(candidate, pref, questions)
             est_c, est_v = ab_stats.wilson(sum(c), len(c)), ab_stats.wilson(sum(v), len(v))
