@@ -74,7 +74,7 @@ The agreement model is a *proxy* for the neural reward model: a linear Bradley-T
 logistic (kto, with a bias: the crowd's share of thumbs up) model on hashed word unigrams and
 bigrams of the answer text plus its log length, L2-regularised, fitted by Newton-CG on sparse
 features in tens of milliseconds. The Dawid-Skene runs refit it ``folds`` times per iteration;
-the cross-fitted camps ``folds`` x (``folds`` x 2 x 6 + 2) times: 1.5-5 s a cycle on 2 CPU cores
+the cross-fitted camps ``folds`` x (``folds`` x 2 x 6 + 2) times: 2-12 s a cycle on 2 busy CPU cores
 for 60-100 raters. It never sees the prompt.
 """
 from __future__ import annotations
