@@ -336,16 +336,7 @@ def _agreement(items: _Items, fit_weight: np.ndarray, folds: int, fit_on: np.nda
         held = score_on & np.array([f in fs for fs in item_folds])
         if not held.any() or train.sum() < 2:
             continue
-        theta = _fit(items.rows[train], items.label[train], fit_weight[train], items.bias)
-        margin = (items.rows[held] @ theta) * items.label[held]
-        for i, m in zip(np.flatnonzero(held), margin):
-            r = items.raters[i][0]
-            if items.is_kto[i] == 0:
-                if abs(m) > 1e-9:
-                    tally.pair_n[r] += 1
-                    tally.pair_ok[r] += int(m > 0)
-            else:
-                tally.kto[r] += (m > 0, 1, 0, 0) if items.label[i] > 0 else (0, 0, m > 0, 1)
+        _score_fold(items, _fit(items.rows[train], items.label[train], fit_weight[train], items.bias), held, tally)
     return tally
 
 
@@ -376,8 +367,8 @@ def _rater_loglik(items: _Items, thetas: Sequence[np.ndarray], mask: np.ndarray)
     return out
 
 
-def _two_camps(items: _Items, train: np.ndarray, vote: Mapping[int, float], counts: Mapping[int, float],
-               folds: int, rounds: int = 6) -> tuple[np.ndarray, np.ndarray, dict[int, float]]:
+def _two_camps(items: _Items, train: np.ndarray, vote: Mapping[int, float], folds: int, rounds: int = 6
+               ) -> tuple[np.ndarray, np.ndarray, dict[int, float]]:
     """A mixture of two agreement models over the raters of the ``train`` items (EM: each rater is
     in camp A with probability pi; each camp's model is fitted on its raters' items weighted by
     pi and their vote; pi follows the likelihood of the rater's own items). Started by splitting
@@ -393,12 +384,21 @@ def _two_camps(items: _Items, train: np.ndarray, vote: Mapping[int, float], coun
     rate = {r: a / n for r, (a, n) in up.items()}
     median = float(np.median(list(rate.values()))) if rate else 0.5
     pi = {r: 0.9 if rate[r] > median else 0.5 if rate[r] == median else 0.1 for r in raters}
+
+    def camp_weight(camp: int) -> np.ndarray:
+        """Per item: its raters' mean membership of ``camp`` times their vote."""
+        return np.array([np.mean([(pi.get(r, 0.5) if camp == 0 else 1 - pi.get(r, 0.5)) * vote.get(r, 1.0)
+                                  for r in rs]) if rs else 1.0 for rs in items.raters])
+
+    def camp_fit(use: np.ndarray, w: np.ndarray) -> np.ndarray:
+        use = use & (w > 1e-9)
+        return _fit(items.rows[use], items.label[use], w[use], items.bias) if use.sum() >= 2 \
+            else np.zeros(items.rows.shape[1])
+
     inner = _fold_of(raters, min(folds, len(raters)))
     item_inner = [{inner[r] for r in rs if r in inner} for rs in items.raters]
-    thetas: list[np.ndarray] = []
     for _ in range(rounds):
-        w = [np.array([np.mean([(pi.get(r, 0.5) if camp == 0 else 1 - pi.get(r, 0.5)) * vote.get(r, 1.0)
-                                for r in rs]) if rs else 1.0 for rs in items.raters]) for camp in (0, 1)]
+        w = [camp_weight(0), camp_weight(1)]
         # each rater is placed by models fitted without it (in-sample, a camp keeps whoever it starts with)
         ll: dict[int, np.ndarray] = {}
         for g in range(min(folds, len(raters))):
@@ -406,22 +406,12 @@ def _two_camps(items: _Items, train: np.ndarray, vote: Mapping[int, float], coun
             held = single & ~out
             if not held.any():
                 continue
-            models = []
-            for camp in (0, 1):
-                use = train & out & (w[camp] > 1e-9)
-                models.append(_fit(items.rows[use], items.label[use], w[camp][use], items.bias) if use.sum() >= 2
-                              else np.zeros(items.rows.shape[1]))
-            ll.update(_rater_loglik(items, models, held))
+            ll.update(_rater_loglik(items, [camp_fit(train & out, w[camp]) for camp in (0, 1)], held))
         prior = min(max(float(np.mean(list(pi.values()))) if pi else 0.5, 1e-3), 1 - 1e-3)
         for r in raters:
             d = _logit(prior) + float(ll[r][0] - ll[r][1]) if r in ll else _logit(prior)
             pi[r] = float(_sigmoid(np.array([d]))[0])
-    for camp in (0, 1):
-        w = np.array([np.mean([(pi.get(r, 0.5) if camp == 0 else 1 - pi.get(r, 0.5)) * vote.get(r, 1.0)
-                               for r in rs]) if rs else 1.0 for rs in items.raters])
-        use = train & (w > 1e-9)
-        thetas.append(_fit(items.rows[use], items.label[use], w[use], items.bias) if use.sum() >= 2
-                      else np.zeros(items.rows.shape[1]))
+    thetas = [camp_fit(train, camp_weight(camp)) for camp in (0, 1)]
     return thetas[0], thetas[1], pi
 
 
@@ -447,7 +437,7 @@ def _camp_agreement(items: _Items, vote: Mapping[int, float], counts: Mapping[in
         held = single & np.array([f in fs for fs in item_folds])
         if not held.any() or train.sum() < 2:
             continue
-        first, second, pi = _two_camps(items, train, vote, counts, folds)
+        first, second, pi = _two_camps(items, train, vote, folds)
         prior = min(max(float(np.mean(list(pi.values()))) if pi else 0.5, 1e-3), 1 - 1e-3)
         ll = _rater_loglik(items, [first, second], held)
         placed = {**pi, **{r: float(_sigmoid(np.array([_logit(prior) + float(a - b)]))[0]) for r, (a, b) in ll.items()}}
