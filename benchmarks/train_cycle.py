@@ -6,7 +6,8 @@ function (thumbs, stars, some corrections and compare votes). Then `flask --app 
 rl-train --json` runs as its own process; the script prints its summary, wall time and peak
 memory per stage.
 
-    .venv/bin/python benchmarks/train_cycle.py [--conversations 150] [--preference polite] [--json FILE]
+    .venv/bin/python benchmarks/train_cycle.py [--conversations 150] [--preference polite] [--lora]
+        [--device cpu|cuda] [--json FILE]
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -47,6 +49,8 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=150)
     ap.add_argument("--preference", default="polite")
     ap.add_argument("--algorithm", default="ppo")
+    ap.add_argument("--lora", action="store_true", help="train a LoRA adapter version")
+    ap.add_argument("--device", default="cpu", help="RLHF_DEVICE of the rl-train process (cpu, cuda)")
     ap.add_argument("--instance", type=Path, help="instance folder (default: a new temporary one)")
     ap.add_argument("--json", type=Path, help="also write the results to this file")
     args = ap.parse_args()
@@ -59,11 +63,13 @@ def main() -> None:
     events = seed_feedback(app, args.conversations, args.preference, answer_fn=model_answers(model_dir))
     seed_s = time.perf_counter() - t0
 
-    env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance), "RLHF_DEVICE": "cpu"}
-    cmd = ["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "flask", "--app", "webapp", "rl-train",
-           "--algorithm", args.algorithm, "--json", "--min-feedback", "1"]
+    env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance), "RLHF_DEVICE": args.device}
+    cmd = [sys.executable, "-m", "flask", "--app", "webapp", "rl-train",
+           "--algorithm", args.algorithm, "--json", "--min-feedback", "1"] + (["--lora"] if args.lora else [])
+    t1 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    wall, peak_kb = proc.stderr.strip().splitlines()[-1].split()
+    wall = time.perf_counter() - t1
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the rl-train child (Linux: KB)
     if proc.returncode not in (0, 3):
         print(proc.stderr[-3000:], file=sys.stderr)
         sys.exit(proc.returncode)
@@ -82,17 +88,22 @@ def main() -> None:
           f"{ev['before']['mean_reward']} -> {ev['after']['mean_reward']} "
           f"(gain {ev['optimized_against']['reward_gain']}, reported only)")
     print(f"version: {out['version']['name']} ({out['version']['status']}), decision {out['decision']}")
-    print("stage        wall s   peak RSS MB (process, so far)")
+    gpu = out.get("peak_gpu_mb") or {}
+    print("stage        wall s   peak RSS MB (process, so far)" + ("   peak GPU MB (stage)" if gpu else ""))
     for stage, secs in out["timings_s"].items():
-        print(f"{stage:10} {secs:8.1f}   {out['peak_rss_mb'][stage]:8.0f}")
+        print(f"{stage:10} {secs:8.1f}   {out['peak_rss_mb'][stage]:8.0f}"
+              + (f"   {gpu.get(stage, 0):8.0f}" if gpu else ""))
     print(f"whole rl-train process: {float(wall):.1f} s wall, peak RSS {int(peak_kb) / 1024:.0f} MB")
     if args.json:
         timings = out["timings_s"]
         args.json.write_text(json.dumps({
             "conversations": args.conversations, "preference": args.preference, "algorithm": args.algorithm,
+            "lora": args.lora, "device": args.device,
+            "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None,
             "feedback_events": events, "seed_s": round(seed_s, 1), "data_counts": out["data_counts"],
             "reward_model": out["reward_model"], "evaluation": ev, "decision": out["decision"],
-            "timings_s": timings, "peak_rss_mb": out["peak_rss_mb"], "process_wall_s": float(wall),
+            "timings_s": timings, "peak_rss_mb": out["peak_rss_mb"],
+            "peak_gpu_mb": out.get("peak_gpu_mb"), "process_wall_s": float(wall),
             "process_peak_rss_mb": round(int(peak_kb) / 1024, 1),
             # what the cycle spends outside the two TRL training stages (process start, data,
             # evaluation gate, registering the version)

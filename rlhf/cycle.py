@@ -9,6 +9,8 @@ from __future__ import annotations
 import resource
 import tempfile
 import time
+
+import torch
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -16,7 +18,7 @@ from typing import Any, Callable, Mapping
 from .adapters import is_adapter
 from .curves import TrainingLogs
 from .evaluation import evaluate_candidate
-from .loading import load_causal_lm
+from .loading import load_causal_lm, resolve_device
 from .policy_training import train_dpo, train_kto, train_ppo, train_rloo
 from .preference_data import DatasetBundle, build_datasets
 from .rater_trust import RaterInfo, trusted_bundle
@@ -41,6 +43,8 @@ class CycleResult:
     evaluation: dict[str, Any]
     timings: dict[str, float]
     peak_rss_mb: dict[str, float] = field(default_factory=dict)  # process peak so far, at the end of each stage
+    # on CUDA: the peak of memory allocated on the GPU during each stage (reset between stages)
+    peak_gpu_mb: dict[str, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -148,8 +152,13 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
     report = progress or (lambda *a: None)
     timings: dict[str, float] = {}
     peaks: dict[str, float] = {}
+    gpu_peaks: dict[str, float] = {}
+    on_gpu = torch.cuda.is_available() and resolve_device(settings.device).type == "cuda"
 
     def peak() -> float:
+        if on_gpu:  # the stage just ended: its GPU peak, then start the next stage's from zero
+            gpu_peaks[STAGES[len(gpu_peaks)]] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+            torch.cuda.reset_peak_memory_stats()
         return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
     t0 = time.perf_counter()
@@ -224,4 +233,5 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
     peaks["evaluate"] = peak()
     say(describe(evaluation))
     return CycleResult(counts=bundle.counts, reward=reward_metrics, policy=policy_metrics, evaluation=evaluation,
-                       timings={k: round(v, 2) for k, v in timings.items()}, peak_rss_mb=peaks)
+                       timings={k: round(v, 2) for k, v in timings.items()}, peak_rss_mb=peaks,
+                       peak_gpu_mb=gpu_peaks)

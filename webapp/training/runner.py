@@ -197,6 +197,7 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
             status = "candidate" if result.passed else "failed"
             metrics = {"reward_model": result.reward, "policy": result.policy, "evaluation": result.evaluation,
                        "counts": result.counts, "timings": result.timings, "peak_rss_mb": result.peak_rss_mb,
+                       **({"peak_gpu_mb": result.peak_gpu_mb} if result.peak_gpu_mb else {}),
                        "reward_model_path": str(reward_path)}
 
             def move_policy(tmp: Path) -> dict:
@@ -258,6 +259,7 @@ def summary(run: TrainingRun, version: ModelVersion | None) -> dict[str, Any]:
         "decision": m.get("decision"),
         "timings_s": m.get("timings"),
         "peak_rss_mb": m.get("peak_rss_mb"),
+        "peak_gpu_mb": m.get("peak_gpu_mb"),
         "error": run.error,
     }
 
