@@ -24,6 +24,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+from . import distributed
 from .loading import resolve_device
 from .preference_data import to_standard
 from .rater_trust import resample_by_weight
@@ -53,6 +54,8 @@ def _lora_config(model: Any, settings: PolicySettings):
 
 def _save_policy(model: Any, tokenizer: Any, out_dir: str | Path, policy_dir: str | Path,
                  settings: PolicySettings) -> None:
+    if not distributed.is_main():  # the processes hold the same weights; one writes them
+        return
     if hasattr(model, "merge_and_unload"):  # LoRA
         if settings.lora_merge:  # bake the adapter into plain weights
             model = model.merge_and_unload()
@@ -135,8 +138,9 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
         trained = trainer.model.policy if hasattr(trainer.model, "policy") else trainer.policy_model
         _save_policy(trained, tokenizer, out_dir, policy_dir, settings)
         log = trainer.state.log_history
+        ranks = distributed.rank_metrics(trained, trainer.state.global_step)
     return {"algorithm": "ppo", "episodes": episodes, "updates": trainer.state.global_step,
-            "prompts": len(rows), "lora": settings.lora,
+            "prompts": len(rows), "lora": settings.lora, **ranks,
             **_history(log, ("objective/scores", "objective/rlhf_reward", "objective/kl", "objective/entropy",
                              "loss/policy_avg", "loss/value_avg", "val/num_eos_tokens"))}
 

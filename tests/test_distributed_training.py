@@ -1,0 +1,119 @@
+"""`rl-train` on several processes: `accelerate launch --num_processes 2` on CPU (gloo), end to end
+on the micro model, and the command line the scheduler and the admin's train-now build for it."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlhf import registry
+from tests.conftest import make_app, register_model
+from tests.conftest import runs_and_versions as state
+from tests.feedback_factory import seed_feedback
+from webapp.core.extensions import db
+from webapp.core.models import ModelVersion, TrainingRun
+from webapp.core.settings import ROOT
+from rlhf.distributed import LAUNCH_DIR
+from webapp.training.runs import training_command
+
+pytestmark = pytest.mark.slow
+
+ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
+CPU_CONFIG = str(LAUNCH_DIR / "multi_cpu.yaml")
+
+
+@pytest.fixture
+def instance(tmp_path, micro_model_dir):
+    inst = tmp_path / "instance"
+    register_model(make_app(inst), micro_model_dir)
+    return inst
+
+
+def launch(instance: Path, *args: str, processes: int = 2) -> subprocess.CompletedProcess:
+    """``rl-train`` under ``accelerate launch`` as the operator would start it, in a real subprocess."""
+    env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance), "RLHF_DEVICE": "cpu", "RLHF_EMBEDDED_PRESET": "micro",
+           "RLHF_AUTO_INIT_MODEL": "0", "RLHF_PPO_EPISODES": "32", "RLHF_POLICY_LR": "1e-3",
+           "OMP_NUM_THREADS": "1"}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    cmd = [ACCELERATE, "launch", "--config_file", CPU_CONFIG, "--num_processes", str(processes), "-m",
+           "flask", "--app", "webapp", "rl-train", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_two_processes_train_one_valid_version(instance):
+    app = make_app(instance)
+    seed_feedback(app, 60)
+    done = launch(instance, "--min-feedback", "10", "--json")
+    # The gate may reject a micro model's update (rank 0 exits 3, which the launcher reports as 1);
+    # the version is registered either way.
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    out = json.loads(done.stdout[done.stdout.index("{"):])
+    assert out["status"] == "succeeded" and out["processes"] == 2, done.stderr[-3000:]
+    assert out["decision"] in ("candidate", "rejected_by_gate")
+    assert done.returncode == (0 if out["decision"] == "candidate" else 1)
+
+    # both processes trained every distributed stage, in step, on gradients synchronised by DDP:
+    # each process took its own share of the data, so only synchronised updates leave equal weights
+    for part in (out["reward_model"], out["policy"]):
+        ranks = part["processes"]
+        assert [r["rank"] for r in ranks] == [0, 1]
+        assert ranks[0]["steps"] == ranks[1]["steps"] >= 1
+        assert ranks[0]["weights_checksum"] == ranks[1]["weights_checksum"]
+    assert out["policy"]["updates"] == out["policy"]["processes"][0]["steps"]
+
+    runs, versions = state(instance)
+    assert len(runs) == 1 and len(versions) == 2  # exactly one new version, written once
+    with app.app_context():
+        run = db.session.get(TrainingRun, out["run_id"])
+        assert run.status == "succeeded" and run.finished_at is not None and run.config["processes"] == 2
+        assert "training on 2 processes" in run.log
+        assert run.metrics["evaluation"]["verdict"] and run.metrics["evaluation"]["heldout"] is not None
+        version = db.session.get(ModelVersion, run.version_id)
+        assert version.name == out["version"]["name"] and version.training_run_id == run.id
+        assert registry.is_complete(version.path)
+        path = version.path
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    assert AutoModelForCausalLM.from_pretrained(path) is not None
+    assert AutoModelForSequenceClassification.from_pretrained(out["reward_model"]["path"], num_labels=1) is not None
+    store = [p.name for p in Path(app.config["MODEL_STORE"]).iterdir()]
+    assert sorted(store) == sorted(["v1-base", version.name])  # no stray or temporary directory
+    assert not list((instance / "runs").glob(".tmp-run-*"))
+    with open(instance / "training.lock", "a+") as f:  # released: a new run could take it
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_a_refused_run_ends_every_process(instance):
+    done = launch(instance)  # no feedback: the main process refuses; the other must not wait for it
+    assert done.returncode == 1
+    assert "Error: not enough feedback yet: 0 feedback events" in done.stderr
+    assert state(instance) == ([], [("v1-base", "active")])
+
+
+def test_scheduler_and_train_now_launch_several_processes(tmp_path):
+    app = make_app(tmp_path / "one")
+    with app.app_context():
+        plain = training_command(["rl-train", "--json"])
+    assert plain == [sys.executable, "-m", "flask", "--app", "webapp", "rl-train", "--json"]
+
+    app = make_app(tmp_path / "two", RLHF_TRAIN_PROCESSES=4)
+    with app.app_context():
+        cmd = training_command(["rl-train", "--json"])
+    assert cmd[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
+    assert cmd[cmd.index("--num_processes") + 1] == "4"
+    assert cmd[cmd.index("--config_file") + 1] == CPU_CONFIG  # no GPU here: the CPU (gloo) config
+    assert cmd[-6:] == ["-m", "flask", "--app", "webapp", "rl-train", "--json"]
+
+    config = tmp_path / "zero2.yaml"
+    config.write_text("distributed_type: DEEPSPEED\n")
+    app = make_app(tmp_path / "three", RLHF_TRAIN_PROCESSES=2, RLHF_ACCELERATE_CONFIG=str(config))
+    with app.app_context():
+        cmd = training_command(["rl-train"])
+    assert cmd[cmd.index("--config_file") + 1] == str(config)
+    assert cmd[cmd.index("--num_processes") + 1] == "2"
