@@ -38,7 +38,9 @@ def launch(instance: Path, *args: str, processes: int = 2) -> subprocess.Complet
     """``rl-train`` under ``accelerate launch`` as the operator would start it, in a real subprocess."""
     env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance), "RLHF_DEVICE": "cpu", "RLHF_EMBEDDED_PRESET": "micro",
            "RLHF_AUTO_INIT_MODEL": "0", "RLHF_PPO_EPISODES": "32", "RLHF_POLICY_LR": "1e-3",
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1",
+           # the micro data set holds out a few pairs: enough for the judge (also trained on both processes)
+           "RLHF_TRAINING_GATE_MIN_HELDOUT_PAIRS": "2"}
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     cmd = [ACCELERATE, "launch", "--config_file", CPU_CONFIG, "--num_processes", str(processes), "-m",
@@ -66,6 +68,7 @@ def test_two_processes_train_one_valid_version(instance):
         assert ranks[0]["steps"] == ranks[1]["steps"] >= 1
         assert ranks[0]["weights_checksum"] == ranks[1]["weights_checksum"]
     assert out["policy"]["updates"] == out["policy"]["processes"][0]["steps"]
+    assert out["evaluation"]["judge"] is not None and out["evaluation"]["judge"]["steps"] >= 1
 
     runs, versions = state(instance)
     assert len(runs) == 1 and len(versions) == 2  # exactly one new version, written once
