@@ -10,6 +10,7 @@ With one process every helper here is a no-op, so single-process code paths neve
 """
 from __future__ import annotations
 
+import json
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -47,6 +48,27 @@ def _ready() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
+
+
+def zero_stage() -> int | None:
+    """The DeepSpeed ZeRO stage ``accelerate launch`` started this process with (None: no DeepSpeed)."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true":
+        return None
+    if os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE"):
+        return int(os.environ["ACCELERATE_DEEPSPEED_ZERO_STAGE"])
+    config = Path(os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", ""))
+    if config.is_file():
+        return int(json.loads(config.read_text()).get("zero_optimization", {}).get("stage", 0))
+    return 0
+
+
+def unsupported() -> str | None:
+    """Why this launch cannot train (None: it can). ZeRO-3 shards the weights themselves: the main
+    process alone would save a fraction of each model; saving would need every process to gather them."""
+    if zero_stage() == 3:
+        return ("DeepSpeed ZeRO stage 3 is not supported yet (the main process saves the models alone, and "
+                "ZeRO-3 shards their weights); use rlhf/launch/deepspeed_zero2.yaml or multi_gpu.yaml")
+    return None
 
 
 def init(cpu: bool, timeout_seconds: float) -> None:

@@ -120,3 +120,17 @@ def test_scheduler_and_train_now_launch_several_processes(tmp_path):
         cmd = training_command(["rl-train"])
     assert cmd[cmd.index("--config_file") + 1] == str(config)
     assert cmd[cmd.index("--num_processes") + 1] == "2"
+
+
+def test_zero3_is_refused_before_anything_runs(instance, monkeypatch):
+    from tests.conftest import flask_cli
+
+    monkeypatch.setenv("RLHF_INSTANCE_DIR", str(instance))
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(LAUNCH_DIR / "deepspeed_zero3.json"))
+    result = flask_cli("rl-train", "--min-feedback", "0")
+    assert result.exit_code == 2 and "DeepSpeed ZeRO stage 3 is not supported yet" in result.output
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(LAUNCH_DIR / "deepspeed_zero2.json"))
+    result = flask_cli("rl-train", "--min-feedback", "0")  # ZeRO-2 passes this check (then: no feedback)
+    assert result.exit_code == 2 and "ZeRO" not in result.output and "preference pairs" in result.output
+    assert state(instance)[0] == []

@@ -149,6 +149,9 @@ def rl_train_command(algorithm: str | None, min_feedback: int | None, max_steps:
     from webapp.training.runs import EXIT_FAILED, EXIT_GATE_REJECTED, EXIT_REFUSED, RunRefused
 
     threads = int(current_app.config["RLHF_TRAIN_THREADS"])  # leave cores to a web server on the same machine
+    if distributed.unsupported():
+        click.echo(f"Error: {distributed.unsupported()}", err=True)
+        sys.exit(EXIT_REFUSED)
     if distributed.is_distributed():
         _join_training_processes()
         if not distributed.is_main():

@@ -127,7 +127,7 @@ class Settings:
     accelerate_config: str = setting("", "accelerate config file for such runs (e.g. `rlhf/launch/"
                                      "deepspeed_zero2.yaml`); empty: the bundled data-parallel config for the "
                                      "device, `rlhf/launch/multi_gpu.yaml` or `multi_cpu.yaml`", "Scheduler",
-                                     check=_existing_file)
+                                     shown_default="empty", check=_existing_file)
     tensorboard: bool = setting(False, "trainers also write TensorBoard event files to `<instance>/runs/run-<id>/"
                                 "tensorboard/{reward,policy}` (`tensorboard --logdir instance/runs`). Needs the "
                                 "`tensorboard` package (`pip install -e '.[tensorboard]'`, also in `[dev]`); without "
