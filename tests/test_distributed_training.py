@@ -34,10 +34,11 @@ def instance(tmp_path, micro_model_dir):
     return inst
 
 
-def launch(instance: Path, *args: str, processes: int = 2) -> subprocess.CompletedProcess:
+def launch(instance: Path, *args: str, processes: int = 2, wait: bool = True, episodes: int = 32
+           ) -> subprocess.CompletedProcess | subprocess.Popen:
     """``rl-train`` under ``accelerate launch`` as the operator would start it, in a real subprocess."""
     env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance), "RLHF_DEVICE": "cpu", "RLHF_EMBEDDED_PRESET": "micro",
-           "RLHF_AUTO_INIT_MODEL": "0", "RLHF_PPO_EPISODES": "32", "RLHF_POLICY_LR": "1e-3",
+           "RLHF_AUTO_INIT_MODEL": "0", "RLHF_PPO_EPISODES": str(episodes), "RLHF_POLICY_LR": "1e-3",
            "OMP_NUM_THREADS": "1",
            # the micro data set holds out a few pairs: enough for the judge (also trained on both processes)
            "RLHF_TRAINING_GATE_MIN_HELDOUT_PAIRS": "2"}
@@ -45,7 +46,22 @@ def launch(instance: Path, *args: str, processes: int = 2) -> subprocess.Complet
         env.pop(key, None)
     cmd = [ACCELERATE, "launch", "--config_file", CPU_CONFIG, "--num_processes", str(processes), "-m",
            "flask", "--app", "webapp", "rl-train", *args]
+    if not wait:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def rank_process(instance: Path, rank: int) -> int | None:
+    """The pid of the training process of ``rank`` for ``instance`` (from /proc)."""
+    want = {f"RANK={rank}".encode(), f"RLHF_INSTANCE_DIR={instance}".encode()}
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"rl-train" in (proc / "cmdline").read_bytes() \
+                    and want <= set((proc / "environ").read_bytes().split(b"\0")):
+                return int(proc.name)
+        except OSError:
+            continue
+    return None
 
 
 def test_two_processes_train_one_valid_version(instance):
@@ -90,6 +106,39 @@ def test_two_processes_train_one_valid_version(instance):
     assert not list((instance / "runs").glob(".tmp-run-*"))
     with open(instance / "training.lock", "a+") as f:  # released: a new run could take it
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_a_process_killed_mid_training_ends_the_run(instance):
+    """The other rank dies while training: the launcher stops the main process, which marks
+    the run failed on its way out; nothing is registered, the lock is free, and nothing hangs."""
+    import signal
+    import time
+
+    app = make_app(instance)
+    seed_feedback(app, 60)
+    proc = launch(instance, "--min-feedback", "10", wait=False, episodes=2048)
+    deadline = time.monotonic() + 300
+    stage = None
+    while stage not in ("reward", "policy") and proc.poll() is None and time.monotonic() < deadline:
+        with app.app_context():
+            stage = db.session.scalar(db.select(TrainingRun.stage).order_by(TrainingRun.id.desc()))
+            db.session.remove()
+        time.sleep(0.2)
+    assert stage in ("reward", "policy"), proc.communicate()[1][-3000:]
+    os.kill(rank_process(instance, 1), signal.SIGKILL)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    with app.app_context():
+        run = db.session.scalars(db.select(TrainingRun)).one()
+        assert run.status == "failed" and run.finished_at is not None, err[-3000:]
+        # in a collective, gloo notices the dead peer first; elsewhere the launcher's SIGTERM comes first
+        assert run.error.startswith("StoppedByLauncher: SIGTERM from accelerate launch") or \
+            ("gloo" in run.error and "by peer" in run.error), run.error
+    assert state(instance)[1] == [("v1-base", "active")]
+    assert not list((instance / "runs").glob(".tmp-run-*"))
+    with open(instance / "training.lock", "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert rank_process(instance, 0) is None and rank_process(instance, 1) is None
 
 
 def test_a_refused_run_ends_every_process(instance):

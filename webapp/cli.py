@@ -207,9 +207,16 @@ def _join_training_processes() -> None:
     distributed.init(cpu=device.type == "cpu", timeout_seconds=float(current_app.config["RLHF_RUN_STALL_SECONDS"]))
     if distributed.is_main():
         def stopped(signum: int, frame: object) -> None:
-            raise SystemExit(EXIT_FAILED)
+            raise StoppedByLauncher(EXIT_FAILED)
 
         signal.signal(signal.SIGTERM, stopped)
+
+
+class StoppedByLauncher(SystemExit):
+    """SIGTERM on the main training process: the launcher stops every process when one fails."""
+
+    def __str__(self) -> str:
+        return "SIGTERM from accelerate launch: another training process failed (or the launcher was stopped)"
 
 
 def _follow_main_process(threads: int) -> None:
