@@ -183,3 +183,20 @@ def test_zero3_is_refused_before_anything_runs(instance, monkeypatch):
     result = flask_cli("rl-train", "--min-feedback", "0")  # ZeRO-2 passes this check (then: no feedback)
     assert result.exit_code == 2 and "ZeRO" not in result.output and "preference pairs" in result.output
     assert state(instance)[0] == []
+
+
+def test_ppo_batch_is_sized_to_each_process_share_of_the_prompts():
+    from rlhf.settings import PolicySettings, RewardSettings
+    from rlhf.stage_sizing import DataSize, NotEnoughData, size_stages
+
+    def size(prompts: int) -> DataSize:
+        return DataSize(train_pairs=20, eval_pairs=4, policy_prompts=prompts, distinct_prompts=prompts,
+                        kto_good=5, kto_bad=5)
+
+    policy = PolicySettings(batch_size=16, mini_batches=2)
+    _, one, _ = size_stages("ppo", RewardSettings(), policy, size(10), 1, 1)
+    _, two, notes = size_stages("ppo", RewardSettings(), policy, size(10), 1, 1, processes=2)
+    assert (one.batch_size, two.batch_size) == (10, 4)  # each of 2 processes' batch fills from 5 prompts
+    assert "5 per process" in notes[0]
+    with pytest.raises(NotEnoughData, match="at least 4 \\(one per mini-batch on each of 2 processes\\)"):
+        size_stages("ppo", RewardSettings(), policy, size(3), 1, 1, processes=2)
