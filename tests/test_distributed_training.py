@@ -34,20 +34,20 @@ def instance(tmp_path, micro_model_dir):
     return inst
 
 
-def launch(instance: Path, *args: str, processes: int = 2, wait: bool = True, episodes: int = 32
-           ) -> subprocess.CompletedProcess | subprocess.Popen:
+def child_env(instance: Path, episodes: int = 32) -> dict[str, str]:
+    """What the training processes need on the micro model (fast PPO; CPU; one torch thread each)."""
+    return {"RLHF_INSTANCE_DIR": str(instance), "RLHF_DEVICE": "cpu", "RLHF_EMBEDDED_PRESET": "micro",
+            "RLHF_AUTO_INIT_MODEL": "0", "RLHF_PPO_EPISODES": str(episodes), "RLHF_POLICY_LR": "1e-3",
+            "OMP_NUM_THREADS": "1",
+            # the micro data set holds out a few pairs: enough for the judge (also trained on both processes)
+            "RLHF_TRAINING_GATE_MIN_HELDOUT_PAIRS": "2"}
+
+
+def launch(instance: Path, *args: str, processes: int = 2) -> subprocess.CompletedProcess:
     """``rl-train`` under ``accelerate launch`` as the operator would start it, in a real subprocess."""
-    env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance), "RLHF_DEVICE": "cpu", "RLHF_EMBEDDED_PRESET": "micro",
-           "RLHF_AUTO_INIT_MODEL": "0", "RLHF_PPO_EPISODES": str(episodes), "RLHF_POLICY_LR": "1e-3",
-           "OMP_NUM_THREADS": "1",
-           # the micro data set holds out a few pairs: enough for the judge (also trained on both processes)
-           "RLHF_TRAINING_GATE_MIN_HELDOUT_PAIRS": "2"}
-    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
+    env = {**os.environ, **child_env(instance)}
     cmd = [ACCELERATE, "launch", "--config_file", CPU_CONFIG, "--num_processes", str(processes), "-m",
            "flask", "--app", "webapp", "rl-train", *args]
-    if not wait:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -108,29 +108,40 @@ def test_two_processes_train_one_valid_version(instance):
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def test_a_process_killed_mid_training_ends_the_run(instance):
-    """The other rank dies while training: the launcher stops the main process, which marks
-    the run failed on its way out; nothing is registered, the lock is free, and nothing hangs."""
+def test_a_process_killed_mid_training_ends_the_run(instance, monkeypatch):
+    """Started as the dashboard's train-now starts it (RLHF_TRAIN_PROCESSES=2): the queued row is
+    taken over by the main process. The other process dies while training: the launcher stops the
+    main process, which marks the run failed on its way out; nothing is registered, the lock is
+    free, no process is left, and nothing hangs."""
     import signal
     import time
 
-    app = make_app(instance)
+    from webapp.training.runs import spawn_training
+
+    for key, value in child_env(instance, episodes=2048).items():  # long enough to be caught training
+        monkeypatch.setenv(key, value)
+    app = make_app(instance, RLHF_TRAIN_PROCESSES=2)
     seed_feedback(app, 60)
-    proc = launch(instance, "--min-feedback", "10", wait=False, episodes=2048)
+    with app.app_context():
+        run_id, proc = spawn_training("ppo", trigger="manual", min_feedback=10)
+        assert db.session.get(TrainingRun, run_id).status == "queued"
     deadline = time.monotonic() + 300
     stage = None
     while stage not in ("reward", "policy") and proc.poll() is None and time.monotonic() < deadline:
         with app.app_context():
-            stage = db.session.scalar(db.select(TrainingRun.stage).order_by(TrainingRun.id.desc()))
+            stage = db.session.get(TrainingRun, run_id).stage
             db.session.remove()
         time.sleep(0.2)
-    assert stage in ("reward", "policy"), proc.communicate()[1][-3000:]
-    os.kill(rank_process(instance, 1), signal.SIGKILL)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 1
+    log = instance / "logs" / "training.log"
+    assert stage in ("reward", "policy"), log.read_text()[-3000:]
+    main, other = rank_process(instance, 0), rank_process(instance, 1)
+    assert main and other and main != proc.pid  # two training processes under the launcher
+    os.kill(other, signal.SIGKILL)
+    assert proc.wait(timeout=300) == 1
     with app.app_context():
-        run = db.session.scalars(db.select(TrainingRun)).one()
-        assert run.status == "failed" and run.finished_at is not None, err[-3000:]
+        run = db.session.get(TrainingRun, run_id)
+        assert run.status == "failed" and run.finished_at is not None, log.read_text()[-3000:]
+        assert run.pid == main  # the main process took the queued row over: the watchdog's target
         # in a collective, gloo notices the dead peer first; elsewhere the launcher's SIGTERM comes first
         assert run.error.startswith("StoppedByLauncher: SIGTERM from accelerate launch") or \
             ("gloo" in run.error and "by peer" in run.error), run.error
@@ -169,6 +180,15 @@ def test_scheduler_and_train_now_launch_several_processes(tmp_path):
         cmd = training_command(["rl-train"])
     assert cmd[cmd.index("--config_file") + 1] == str(config)
     assert cmd[cmd.index("--num_processes") + 1] == "2"
+
+    app = make_app(tmp_path / "four", RLHF_TRAIN_PROCESSES=2, RLHF_ACCELERATE_CONFIG="rlhf/launch/deepspeed_zero2.yaml")
+    with app.app_context():  # a relative path is the repository's, wherever the server was started
+        cmd = training_command(["rl-train"])
+    assert cmd[cmd.index("--config_file") + 1] == str(LAUNCH_DIR / "deepspeed_zero2.yaml")
+    from webapp.core.settings import ConfigError
+
+    with pytest.raises(ConfigError, match="is not a file"):
+        make_app(tmp_path / "five", RLHF_ACCELERATE_CONFIG="rlhf/launch/zero9.yaml")
 
 
 def test_zero3_is_refused_before_anything_runs(instance, monkeypatch):

@@ -74,7 +74,7 @@ def _preset(value: str) -> str | None:
 
 
 def _existing_file(value: str) -> str | None:
-    return None if not value or Path(value).is_file() else "is not a file"
+    return None if not value or (ROOT / value).is_file() else "is not a file"  # a relative path: from ROOT
 
 
 def _not_blank(value: str) -> str | None:
@@ -125,7 +125,7 @@ class Settings:
                                    "(data parallel; one process per GPU, or gloo on CPUs; see [Training on several "
                                    "processes](#training-on-several-processes-or-gpus))", "Scheduler", low=1)
     accelerate_config: str = setting("", "accelerate config file for such runs (e.g. `rlhf/launch/"
-                                     "deepspeed_zero2.yaml`); empty: the bundled data-parallel config for the "
+                                     "deepspeed_zero2.yaml`; relative to the repository root); empty: the bundled data-parallel config for the "
                                      "device, `rlhf/launch/multi_gpu.yaml` or `multi_cpu.yaml`", "Scheduler",
                                      shown_default="empty", check=_existing_file)
     tensorboard: bool = setting(False, "trainers also write TensorBoard event files to `<instance>/runs/run-<id>/"

@@ -111,7 +111,7 @@ def training_command(args: list[str]) -> list[str]:
     processes = int(cfg["RLHF_TRAIN_PROCESSES"])
     if processes <= 1:
         return [sys.executable, "-m", *flask_args]
-    config = cfg["RLHF_ACCELERATE_CONFIG"]
+    config = cfg["RLHF_ACCELERATE_CONFIG"] and ROOT / cfg["RLHF_ACCELERATE_CONFIG"]  # an absolute path stays one
     if not config:
         from rlhf.loading import resolve_device
 
