@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from . import distributed
 from .adapters import is_adapter
 from .curves import TrainingLogs
 from .evaluation import evaluate_candidate
@@ -61,7 +62,7 @@ def fit_to_data(settings: CycleSettings, bundle: DatasetBundle) -> tuple[CycleSe
     """``settings`` with each stage sized to the data (rlhf.stage_sizing), and what changed.
     Raises NotEnoughData when a stage cannot train on it."""
     reward, policy, notes = size_stages(settings.algorithm, settings.reward, settings.policy, DataSize.of(bundle),
-                                        settings.min_pairs, settings.min_prompts)
+                                        settings.min_pairs, settings.min_prompts, distributed.world_size())
     return replace(settings, reward=reward, policy=policy).validate(), notes
 
 
@@ -220,6 +221,9 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
         report("judge", 1, 1)
         timings["judge"] = time.perf_counter() - t0
         peaks["judge"] = peak()
+        if not distributed.is_main():  # the gate is the main process's alone; this process's part is done
+            return CycleResult(counts=bundle.counts, reward=reward_metrics, policy=policy_metrics, evaluation={},
+                               timings={k: round(v, 2) for k, v in timings.items()}, peak_rss_mb=peaks)
 
         t0 = time.perf_counter()
         eval_prompts = [r["prompt"] for r in bundle.prompts["eval"]]
@@ -235,3 +239,27 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
     return CycleResult(counts=bundle.counts, reward=reward_metrics, policy=policy_metrics, evaluation=evaluation,
                        timings={k: round(v, 2) for k, v in timings.items()}, peak_rss_mb=peaks,
                        peak_gpu_mb=gpu_peaks)
+
+
+@dataclass(frozen=True)
+class CycleJob:
+    """What the main process sends the others when it trains with several (rlhf.distributed): the
+    data it read and sized, the settings, and where the stages write (a filesystem every process sees).
+    Every process trains on exactly these, never on its own read of the database: feedback arriving
+    in between would give the processes different data, and DDP different-length loops."""
+
+    parent_dir: str
+    reward_dir: str
+    policy_dir: str
+    settings: CycleSettings
+    bundle: DatasetBundle
+
+
+def follow_main() -> CycleResult | None:
+    """A process other than the main one: wait for the main process's job and run the distributed
+    stages of the cycle with it (reward model, policy, judge; no progress, logs or files of its
+    own). None when the main process had nothing to train (the run was refused)."""
+    job: CycleJob | None = distributed.broadcast(None)
+    if job is None:
+        return None
+    return run_cycle([], job.parent_dir, job.reward_dir, job.policy_dir, job.settings, bundle=job.bundle)

@@ -24,6 +24,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+from . import distributed
 from .loading import resolve_device
 from .preference_data import to_standard
 from .rater_trust import resample_by_weight
@@ -53,6 +54,8 @@ def _lora_config(model: Any, settings: PolicySettings):
 
 def _save_policy(model: Any, tokenizer: Any, out_dir: str | Path, policy_dir: str | Path,
                  settings: PolicySettings) -> None:
+    if not distributed.is_main():  # the processes hold the same weights; one writes them
+        return
     if hasattr(model, "merge_and_unload"):  # LoRA
         if settings.lora_merge:  # bake the adapter into plain weights
             model = model.merge_and_unload()
@@ -135,8 +138,9 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
         trained = trainer.model.policy if hasattr(trainer.model, "policy") else trainer.policy_model
         _save_policy(trained, tokenizer, out_dir, policy_dir, settings)
         log = trainer.state.log_history
+        ranks = distributed.rank_metrics(trained, trainer.state.global_step)
     return {"algorithm": "ppo", "episodes": episodes, "updates": trainer.state.global_step,
-            "prompts": len(rows), "lora": settings.lora,
+            "prompts": len(rows), "lora": settings.lora, **ranks,
             **_history(log, ("objective/scores", "objective/rlhf_reward", "objective/kl", "objective/entropy",
                              "loss/policy_avg", "loss/value_avg", "val/num_eos_tokens"))}
 
@@ -145,7 +149,7 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
 
 def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: list[dict], columns: tuple[str, ...],
              out_dir: str | Path, settings: PolicySettings, device: str, progress: ProgressFn | None,
-             logs: Any = None, **config: Any) -> tuple[Any, Any, list[dict]]:
+             logs: Any = None, **config: Any) -> tuple[Any, Any, list[dict], dict[str, Any]]:
     """Shared run of TRL's offline preference trainers (DPO, KTO) on conversational rows:
     the parent (a frozen copy, or the adapter-free base with LoRA) is the reference."""
     quiet_trl()
@@ -165,7 +169,8 @@ def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: li
         _callbacks(trainer, progress, "policy", logs, trainer_cls.__name__.removesuffix("Trainer").lower())
         result = trainer.train()
         _save_policy(trainer.model, tokenizer, out_dir, policy_dir, settings)
-    return result, trainer.state.log_history, std
+        ranks = distributed.rank_metrics(trainer.model, result.global_step)
+    return result, trainer.state.log_history, std, ranks
 
 
 def train_dpo(policy_dir: str | Path, train_pairs: list[dict], out_dir: str | Path,
@@ -178,10 +183,10 @@ def train_dpo(policy_dir: str | Path, train_pairs: list[dict], out_dir: str | Pa
     train_pairs = resample_by_weight(train_pairs, settings.seed)
     # keep_end: an over-long pair loses the start of its prompt; TRL's default (keep_start) drops
     # pairs whose prompt fills the context, which left small data sets with nothing to train on
-    result, log, rows = _offline(DPOTrainer, DPOConfig, policy_dir, train_pairs, ("prompt", "chosen", "rejected"),
+    result, log, rows, ranks = _offline(DPOTrainer, DPOConfig, policy_dir, train_pairs, ("prompt", "chosen", "rejected"),
                                  out_dir, settings, device, progress, logs, truncation_mode="keep_end")
     return {"algorithm": "dpo", "pairs": len(rows), "steps": result.global_step, "train_loss": round(result.training_loss, 4),
-            "lora": settings.lora, **_history(log, ("rewards/accuracies", "rewards/margins", "loss"))}
+            "lora": settings.lora, **ranks, **_history(log, ("rewards/accuracies", "rewards/margins", "loss"))}
 
 
 def train_kto(policy_dir: str | Path, train_examples: list[dict], out_dir: str | Path,
@@ -197,11 +202,11 @@ def train_kto(policy_dir: str | Path, train_examples: list[dict], out_dir: str |
     if not positives or not negatives:
         raise ValueError("KTO needs both good and bad examples")
     # balance the classes as the KTO paper recommends
-    result, log, rows = _offline(KTOTrainer, KTOConfig, policy_dir, train_examples, ("prompt", "completion", "label"),
+    result, log, rows, ranks = _offline(KTOTrainer, KTOConfig, policy_dir, train_examples, ("prompt", "completion", "label"),
                                  out_dir, settings, device, progress, logs, desirable_weight=1.0,
                                  undesirable_weight=max(0.5, min(2.0, positives / negatives)))
     return {"algorithm": "kto", "examples": len(rows), "positives": positives, "steps": result.global_step,
-            "train_loss": round(result.training_loss, 4), "lora": settings.lora,
+            "train_loss": round(result.training_loss, 4), "lora": settings.lora, **ranks,
             **_history(log, ("rewards/chosen_sum", "rewards/rejected_sum", "kl", "loss"))}
 
 
@@ -264,5 +269,6 @@ def train_rloo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[lis
         result = trainer.train()
         _save_policy(trainer.model, tokenizer, out_dir, policy_dir, settings)
         log = trainer.state.log_history
-    return {"algorithm": "rloo", "prompts": len(texts), "steps": result.global_step, "lora": settings.lora,
+        ranks = distributed.rank_metrics(trainer.model, result.global_step)
+    return {"algorithm": "rloo", "prompts": len(texts), "steps": result.global_step, "lora": settings.lora, **ranks,
             **_history(log, ("reward", "kl", "loss"))}

@@ -20,6 +20,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from . import distributed
 from .loading import resolve_device
 from .preference_data import to_standard
 from .rater_trust import normalized_weights
@@ -198,7 +199,10 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
         "train_loss": round(result.training_loss, 4), "weighted": weights is not None,
         "train_accuracy": round(sum(logged) / len(logged), 4) if logged else pairwise_accuracy(model, tokenizer, train_rows),
         "heldout_accuracy": pairwise_accuracy(model, tokenizer, eval_rows),
+        **distributed.rank_metrics(model, result.global_step),
     }
-    model.save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
+    if distributed.is_main():  # every process holds the same weights; the others read these files next
+        model.save_pretrained(str(out_dir))
+        tokenizer.save_pretrained(str(out_dir))
+    distributed.barrier()
     return metrics

@@ -56,9 +56,12 @@ def _round_down(n: int, multiple: int) -> int:
 
 
 def size_stages(algorithm: str, reward: RewardSettings, policy: PolicySettings, size: DataSize,
-                min_pairs: int, min_prompts: int) -> tuple[RewardSettings, PolicySettings, list[str]]:
+                min_pairs: int, min_prompts: int, processes: int = 1
+                ) -> tuple[RewardSettings, PolicySettings, list[str]]:
     """The reward and policy settings fitted to ``size`` and the notes saying what was changed.
-    Raises NotEnoughData (one line, with the numbers) when a stage cannot train on it."""
+    Raises NotEnoughData (one line, with the numbers) when a stage cannot train on it.
+    ``processes``: how many train together (rlhf.distributed); batch sizes are per process, and
+    PPO's rollout batch must fill from each process's share of the prompts."""
     notes: list[str] = []
     if size.train_pairs < min_pairs:
         raise NotEnoughData(f"not enough feedback yet: {size.train_pairs} preference pairs for training, "
@@ -74,14 +77,18 @@ def size_stages(algorithm: str, reward: RewardSettings, policy: PolicySettings, 
 
     if algorithm == "ppo":
         # the rollout batch must fill (drop_last) and split into equal mini-batches
-        need = policy.mini_batches
+        need = policy.mini_batches * processes
         if size.policy_prompts < need:
             raise NotEnoughData(f"not enough feedback yet: {size.policy_prompts} training prompts, PPO needs at "
-                                f"least {need} (one per mini-batch) to fill a rollout batch")
-        batch = _round_down(min(policy.batch_size, size.policy_prompts), policy.mini_batches)
+                                f"least {need} (one per mini-batch" + (f" on each of {processes} processes"
+                                                                      if processes > 1 else "")
+                                + ") to fill a rollout batch")
+        share = size.policy_prompts // processes
+        batch = _round_down(min(policy.batch_size, share), policy.mini_batches)
         if batch != policy.batch_size:
             notes.append(f"PPO: batch size {policy.batch_size} -> {batch} ({size.policy_prompts} training prompts, "
-                         f"{policy.mini_batches} mini-batches)")
+                         + (f"{share} per process, " if processes > 1 else "")
+                         + f"{policy.mini_batches} mini-batches)")
             policy = replace(policy, batch_size=batch, episodes=max(policy.episodes, batch))
     elif algorithm == "rloo":
         groups = max(1, policy.batch_size // policy.rloo_generations)  # distinct prompts per batch

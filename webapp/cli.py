@@ -136,15 +136,27 @@ def rl_train_command(algorithm: str | None, min_feedback: int | None, max_steps:
     Exit codes: 0 new candidate version; 3 the evaluation gate rejected it (stored as failed);
     2 refused to start (not enough feedback, another run in progress, invalid setting);
     1 the run failed (marked failed; the active version is unchanged).
+
+    Under ``accelerate launch --num_processes N`` every process runs this command: the main one
+    (rank 0) is the run; the others train alongside it on the data it sends (rlhf.distributed).
     """
     import torch
 
+    from rlhf import distributed
     from rlhf.embedded import torch_threads
 
     from webapp.training.runner import dumps, run_training
     from webapp.training.runs import EXIT_FAILED, EXIT_GATE_REJECTED, EXIT_REFUSED, RunRefused
 
     threads = int(current_app.config["RLHF_TRAIN_THREADS"])  # leave cores to a web server on the same machine
+    if distributed.unsupported():
+        click.echo(f"Error: {distributed.unsupported()}", err=True)
+        sys.exit(EXIT_REFUSED)
+    if distributed.is_distributed():
+        _join_training_processes()
+        if not distributed.is_main():
+            _follow_main_process(threads or torch.get_num_threads())
+            return
     bars = StageBars(disable=not sys.stderr.isatty())
     try:
         # Libraries print to stdout during training; keep stdout for the result alone.
@@ -176,6 +188,51 @@ def rl_train_command(algorithm: str | None, min_feedback: int | None, max_steps:
             click.echo(f"  rejected by the evaluation gate: {'; '.join(ev['reasons'])}")
     if result["decision"] == "rejected_by_gate":
         sys.exit(EXIT_GATE_REJECTED)
+
+
+def _join_training_processes() -> None:
+    """Join the launcher's process group. A collective that waits longer than the stall limit fails
+    (the process group's timeout): a process that waits that long for the others waits on a hung
+    or dead one. The launcher stops every process as soon as one exits with an error; on the main
+    process that SIGTERM becomes SystemExit, so the run is marked failed on the way out."""
+    import signal
+
+    from rlhf import distributed
+    from rlhf.loading import resolve_device
+
+    from webapp.core.settings import current_settings
+    from webapp.training.runs import EXIT_FAILED
+
+    device = resolve_device(current_settings().training.device)
+    distributed.init(cpu=device.type == "cpu", timeout_seconds=float(current_app.config["RLHF_RUN_STALL_SECONDS"]))
+    if distributed.is_main():
+        def stopped(signum: int, frame: object) -> None:
+            raise StoppedByLauncher(EXIT_FAILED)
+
+        signal.signal(signal.SIGTERM, stopped)
+
+
+class StoppedByLauncher(SystemExit):
+    """SIGTERM on the main training process: the launcher stops every process when one fails."""
+
+    def __str__(self) -> str:
+        return "SIGTERM from accelerate launch: another training process failed (or the launcher was stopped)"
+
+
+def _follow_main_process(threads: int) -> None:
+    """A process other than the main one: train alongside it, then leave (exit 0, or 1 on an error)."""
+    from rlhf import distributed
+    from rlhf.cycle import follow_main
+    from rlhf.embedded import torch_threads
+
+    try:
+        with torch_threads(threads), contextlib.redirect_stdout(sys.stderr):
+            follow_main()
+    except Exception as exc:
+        click.echo(f"Error: training process {distributed.rank()} failed: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(1)
+    finally:
+        distributed.finish()
 
 
 @click.command("export-feedback")

@@ -73,6 +73,10 @@ def _preset(value: str) -> str | None:
     return None if value in PRESETS else "must be one of " + ", ".join(PRESETS)
 
 
+def _existing_file(value: str) -> str | None:
+    return None if not value or (ROOT / value).is_file() else "is not a file"  # a relative path: from ROOT
+
+
 def _not_blank(value: str) -> str | None:
     return "must not be empty" if not value.strip() else None
 
@@ -116,6 +120,14 @@ class Settings:
     train_threads: int = setting(1, "torch threads of `rl-train` (0: torch's default, all cores). One by default: on "
                                  "a small machine shared with the web server, torch's threads spin-wait for each "
                                  "other under load; raise it on idle cores or large models", "Scheduler", low=0)
+    train_processes: int = setting(1, "processes a training run started by the scheduler or the admin's train-now "
+                                   "uses: above 1, `rl-train` runs under `accelerate launch --num_processes N` "
+                                   "(data parallel; one process per GPU, or gloo on CPUs; see [Training on several "
+                                   "processes](#training-on-several-processes-or-gpus))", "Scheduler", low=1)
+    accelerate_config: str = setting("", "accelerate config file for such runs (e.g. `rlhf/launch/"
+                                     "deepspeed_zero2.yaml`; relative to the repository root); empty: the bundled data-parallel config for the "
+                                     "device, `rlhf/launch/multi_gpu.yaml` or `multi_cpu.yaml`", "Scheduler",
+                                     shown_default="empty", check=_existing_file)
     tensorboard: bool = setting(False, "trainers also write TensorBoard event files to `<instance>/runs/run-<id>/"
                                 "tensorboard/{reward,policy}` (`tensorboard --logdir instance/runs`). Needs the "
                                 "`tensorboard` package (`pip install -e '.[tensorboard]'`, also in `[dev]`); without "

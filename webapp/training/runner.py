@@ -14,11 +14,11 @@ from typing import Any
 
 from flask import current_app
 
-from rlhf import registry
+from rlhf import distributed, registry
 from rlhf.algorithms import ALGORITHMS
 from rlhf.curves import CurvesFile, TrainingLogs
-from rlhf.cycle import (CycleSettings, NotEnoughData, describe_trust, fit_to_data, overall_progress, run_cycle,
-                        weigh_raters)
+from rlhf.cycle import (CycleJob, CycleSettings, NotEnoughData, describe_trust, fit_to_data, overall_progress,
+                        run_cycle, weigh_raters)
 from rlhf.preference_data import build_datasets
 from rlhf.progress import ProgressFn
 from rlhf.rater_trust import RaterInfo
@@ -106,9 +106,15 @@ def run_training(trigger: str = "cli", algorithm: str | None = None, min_feedbac
 
     ``run_id``: a row ``spawn_training`` wrote as queued; this run takes it over (a refusal marks
     it failed with the reason). ``watchdog``: stop this process when the run stalls or overruns
-    its limits (``rl-train`` sets it; see :class:`RunWatchdog`)."""
+    its limits (``rl-train`` sets it; see :class:`RunWatchdog`).
+
+    Under ``accelerate launch`` this is the main process's part (rlhf.distributed): it alone reads
+    the database, holds the lock and records the outcome; it hands the other processes the data
+    and settings (``CycleJob``) just before training, or nothing when the run does not start."""
+    handoff = distributed.Handoff()
     try:
-        return _run_training(trigger, algorithm, min_feedback, max_steps, lora, bars, run_id, watchdog, overrides)
+        return _run_training(trigger, algorithm, min_feedback, max_steps, lora, bars, run_id, watchdog, overrides,
+                             handoff)
     except RunRefused as exc:
         if run_id is not None:
             db.session.rollback()
@@ -118,11 +124,13 @@ def run_training(trigger: str = "cli", algorithm: str | None = None, min_feedbac
                 queued.error = f"refused to start: {exc}"
                 db.session.commit()
         raise
+    finally:
+        handoff.send(None)  # the other processes exit when nothing was sent
 
 
 def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None, max_steps: int | None,
                   lora: bool | None, bars: ProgressFn | None, queued_id: int | None, watchdog: bool,
-                  overrides: dict[str, Any]) -> dict[str, Any]:
+                  overrides: dict[str, Any], handoff: distributed.Handoff) -> dict[str, Any]:
     settings = cycle_settings(algorithm, max_steps, lora, **overrides)
     algorithm = settings.algorithm
     cfg = current_app.config
@@ -156,7 +164,7 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
         run.status, run.stage, run.progress = "running", "data", 0.0
         run.pid, run.hostname, run.started_at, run.heartbeat_at = os.getpid(), socket.gethostname(), utcnow(), utcnow()
         run.feedback_counts = {"events": events, **bundle.counts}
-        run.config = {**settings.to_dict(), "limits": limits}
+        run.config = {**settings.to_dict(), "limits": limits, "processes": distributed.world_size()}
         db.session.commit()
         trust = bundle.counts.get("trust")
         if trust:  # each rater's latest assessment, for the raters page and the verdicts
@@ -167,6 +175,9 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
         if recovered:
             tracker.log(f"recovered stale runs {recovered}: marked failed")
         tracker.log(f"parent {parent_name}; {events} feedback events; algorithm {algorithm}")
+        if distributed.is_distributed():
+            tracker.log(f"training on {distributed.world_size()} processes (data parallel); "
+                        "this one (rank 0) records the run and runs the gate")
         if trust:
             tracker.log(describe_trust(trust))
         for note in sizing_notes:
@@ -189,6 +200,7 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
         if logs.tensorboard_dir:
             tracker.log(f"TensorBoard event files: {Path(logs.tensorboard_dir).relative_to(instance)}")
         try:
+            handoff.send(CycleJob(str(parent_path), str(workdir / "reward"), str(workdir / "policy"), settings, bundle))
             result = run_cycle(records, parent_path, workdir / "reward", workdir / "policy", settings,
                                progress=tracker, log=tracker.log, bundle=bundle, logs=logs)
             reward_path = folder / "reward_model"
@@ -248,10 +260,12 @@ def summary(run: TrainingRun, version: ModelVersion | None) -> dict[str, Any]:
     ev = m.get("evaluation", {})
     return {
         "run_id": run.id, "status": run.status, "algorithm": run.algorithm, "trigger": run.trigger,
+        "processes": (run.config or {}).get("processes", 1),
         "data_counts": run.feedback_counts,
         "reward_model": {k: m.get("reward_model", {}).get(k) for k in
                          ("heldout_accuracy", "train_accuracy", "train_pairs", "eval_pairs", "steps", "train_loss")}
-        | {"path": m.get("reward_model_path")},
+        | {"path": m.get("reward_model_path")}
+        | {k: v for k, v in m.get("reward_model", {}).items() if k == "processes"},  # each process's part, if several
         "policy": m.get("policy"),
         "evaluation": gate_summary(ev),
         "version": ({"id": version.id, "name": version.name, "status": version.status, "path": version.path,

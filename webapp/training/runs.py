@@ -19,6 +19,8 @@ from typing import Iterator
 
 from flask import current_app
 
+from rlhf import distributed
+
 from webapp.core import locks
 from webapp.core.extensions import db
 from webapp.core.models import ModelVersion, TrainingRun, utcnow
@@ -100,6 +102,23 @@ def curves_path(run_id: int) -> Path:
 
 # ---------------------------------------------------------------------------- runs started by the web app
 
+def training_command(args: list[str]) -> list[str]:
+    """The command line of a training child: ``flask --app webapp <args>`` in this interpreter, or,
+    with RLHF_TRAIN_PROCESSES > 1, the same under ``accelerate launch`` on that many processes
+    (RLHF_ACCELERATE_CONFIG, or the bundled CPU or GPU data-parallel config for the device)."""
+    cfg = current_app.config
+    flask_args = ["flask", "--app", "webapp", *args]
+    processes = int(cfg["RLHF_TRAIN_PROCESSES"])
+    if processes <= 1:
+        return [sys.executable, "-m", *flask_args]
+    config = cfg["RLHF_ACCELERATE_CONFIG"] and ROOT / cfg["RLHF_ACCELERATE_CONFIG"]  # an absolute path stays one
+    if not config:
+        from rlhf.loading import resolve_device
+
+        config = distributed.default_config(cpu=resolve_device(cfg["RLHF_DEVICE"]).type == "cpu")
+    return distributed.launch_command(flask_args, processes, config, sys.executable)
+
+
 def _reap(proc: subprocess.Popen) -> None:
     threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
 
@@ -118,12 +137,12 @@ def spawn_training(algorithm: str | None = None, max_steps: int | None = None, t
     db.session.commit()
     log_dir = instance / "logs"
     log_dir.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "flask", "--app", "webapp", "rl-train", "--algorithm", algorithm,
-           "--trigger", trigger, "--run-id", str(run.id), "--json"]
+    args = ["rl-train", "--algorithm", algorithm, "--trigger", trigger, "--run-id", str(run.id), "--json"]
     if max_steps:
-        cmd += ["--max-steps", str(max_steps)]
+        args += ["--max-steps", str(max_steps)]
     if min_feedback is not None:
-        cmd += ["--min-feedback", str(min_feedback)]
+        args += ["--min-feedback", str(min_feedback)]
+    cmd = training_command(args)
     env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance)}
     if current_app.config.get("SQLALCHEMY_DATABASE_URI"):
         env["DATABASE_URL"] = current_app.config["SQLALCHEMY_DATABASE_URI"]
