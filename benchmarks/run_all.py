@@ -229,6 +229,35 @@ def rows_ab_validity(r: dict) -> list[list[str]]:
     return out
 
 
+def rows_scaling(r: dict) -> list[list[str]]:
+    rows = []
+    for size, e in r.get("sizes", {}).items():
+        label = f"{size} ({e['parameters'] / 1e6:.1f} M)"
+        if "serving" in e:
+            for users in ("1", "16"):
+                s = e["serving"][users]
+                rows.append([f"{label}: serving, {users} user(s)", f"{s['batched_tokens_per_s']} tok/s",
+                             f"{s['plain_tokens_per_s']} tok/s (plain generate)", f"{s['ratio_to_plain']}x", "–", "–"])
+        if "memory" in e:
+            m = e["memory"]
+            rows.append([f"{label}: RSS, 0 / 1 / 3 LoRA versions",
+                         f"{m['0']['rss_mib']} / {m['1']['rss_mib']} / {m['3']['rss_mib']} MiB", "–",
+                         f"+{m['3']['extra_rss_mib_per_variant']} MiB per version", "–", "–"])
+        if "cycle" in e:
+            c = e["cycle"]
+            rows.append([f"{label}: one LoRA cycle ({c['episodes']} episodes, {c['reward_steps']} reward steps)",
+                         " / ".join(f"{k} {v:.0f}" for k, v in c["timings_s"].items()) + " s", "–",
+                         f"peak RSS {max(c['peak_rss_mb'].values()):.0f} MB", "–", "–"])
+    for v in r.get("volume", []):
+        rows.append([f"embedded: cycle at {v['feedback_events']} events (default settings)",
+                     f"{sum(v['timings_s'].values()):.0f} s", "–", "–", "–", "–"])
+    for k, v in r.get("extrapolations", {}).items():
+        if k != "assumption":
+            rows.append([f"extrapolated: {k}", _f(v, 0) if isinstance(v, (int, float)) else str(v), "–", "–", "–",
+                         "–"])
+    return rows
+
+
 def rows_generic(r: Any) -> list[list[str]]:
     if isinstance(r, dict):
         return [[k, _f(v, 3), "–", "–", "–", "–"] for k, v in r.items() if isinstance(v, (int, float, str))][:8]
@@ -251,6 +280,10 @@ BENCHMARKS = [
               "one full rl-train cycle on the embedded model", rows_cycle),
     Benchmark("serving_memory", "serving_memory.py", ["--repeats", "3"], ["--repeats", "1"], 3600,
               "resident memory of control + variants: full copy vs LoRA adapters on shared weights", rows_memory),
+    Benchmark("scaling", "scaling.py", [], ["--sizes", "embedded", "10m", "--volumes", "100", "200",
+                                            "--parts", "serving", "cycle", "volume"], 7200,
+              "cost of serving and of a cycle at 1 M / 11 M / 124 M parameters and against feedback volume",
+              rows_scaling),
     Benchmark("ab_validity", "ab_validity.py", ["--old"], ["--quick", "--old"], 7200,
               "simulated A/A and A/B experiments through the promotion policy, before and after", rows_ab_validity),
     Benchmark("closed_loop", "closed_loop.py", [], ["--preference", "polite"], 7200,
