@@ -38,8 +38,8 @@ class Server:
     """An inference server in a child process (killed on ``stop``)."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None, timeout: float = 120.0,
-                 log: Path | None = None) -> None:
-        self.port = free_port()
+                 log: Path | None = None, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
         out = open(log, "wb") if log else subprocess.DEVNULL
@@ -61,9 +61,9 @@ class Server:
         stop_process(self.proc, grace=5)
 
 
-def own_server(base: Path, log: Path) -> Server:
+def own_server(base: Path, log: Path, port: int | None = None) -> Server:
     return Server([sys.executable, "-m", "rlhf.generation.openai_server", str(base), "--served-model-name",
-                   "v1-base"], log=log)
+                   "v1-base"], log=log, port=port)
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +134,23 @@ def test_a_version_the_server_cannot_serve_is_a_load_error(store, server, tmp_pa
         pool.get(full, "v3-full")
     with pytest.raises(InferenceServerError, match="cannot be reached"):
         RemotePool(f"http://127.0.0.1:{free_port()}").get(store["base"], "v1-base")
+
+
+def test_a_restarted_server_gets_the_lora_version_registered_again(store, tmp_path, in_process):
+    name = store["lora"].name
+    srv = own_server(store["base"], tmp_path / "first.log")
+    try:
+        model = RemotePool(srv.url).get(store["lora"], name)
+        assert generate_chat(model, QUESTIONS[0], GREEDY).text == in_process["lora"][0].text
+    finally:
+        srv.stop()
+    srv = own_server(store["base"], tmp_path / "second.log", port=srv.port)  # the same URL, a fresh server
+    try:
+        assert name not in srv.models()
+        assert generate_chat(model, QUESTIONS[0], GREEDY).text == in_process["lora"][0].text
+        assert srv.models()[name]["parent"] == "v1-base"
+    finally:
+        srv.stop()
 
 
 # ---------------------------------------------------------------------------- the web app on it
@@ -384,6 +401,16 @@ def test_vllm_chat_through_the_web_app(vllm, tmp_path):
         assert db.session.scalars(db.select(Feedback).filter_by(message_id=answer.id)).one().thumb == "down"
         db.session.remove()
         db.engine.dispose()
+
+
+@needs_vllm
+def test_vllm_a_batch_of_rows_of_one_version(vllm):
+    pool = RemotePool(vllm["server"].url)
+    lora = vllm["lora"]
+    for name, path in (("v1-base", vllm["base"]), (lora.name, lora)):
+        model = pool.get(path, name)
+        got = [r.text for r in generate_chats([(model, q) for q in QUESTIONS], GREEDY)]  # concurrent requests
+        assert got == [r.text.rstrip("\ufffd") for r in vllm["want"][name]], name
 
 
 @needs_vllm
