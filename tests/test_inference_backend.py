@@ -304,6 +304,34 @@ def test_a_version_the_server_does_not_serve_falls_back_to_its_parent(backend_ap
     assert "does not serve it" in health["problem"]
 
 
+def test_a_pruned_lora_version_is_unloaded_from_the_server(tmp_path, default_model_dir):
+    from webapp.core.extensions import db
+    from webapp.training.scheduler import prune_retired_versions
+
+    app = make_app(tmp_path / "instance", **NEAR_GREEDY)
+    models = Path(app.config["MODEL_STORE"])
+    _, base, _ = registry.write_version(models, "base", lambda tmp: shutil.copytree(default_model_dir, tmp,
+                                                                                    dirs_exist_ok=True) and None,
+                                        name="v1-base")
+    own = {"base": base, "lora": make_adapter_version(models, base, seed=4)}
+    srv = own_server(base, tmp_path / "server.log")
+    try:
+        app.config["RLHF_INFERENCE_URL"] = srv.url
+        add_versions(app, own, active="lora")
+        from tests.conftest import ApiClient
+        _, events = ask(ApiClient(app.test_client()), QUESTIONS[0][0]["content"])
+        assert events[-1][0] == "done" and own["lora"].name in srv.models()
+        activate(app, "v1-base")  # the LoRA version is retired
+        with app.app_context():
+            assert prune_retired_versions(0) == [own["lora"].name]
+        assert not own["lora"].exists() and set(srv.models()) == {"v1-base"}
+    finally:
+        srv.stop()
+        with app.app_context():
+            db.session.remove()
+            db.engine.dispose()
+
+
 def test_the_inference_url_setting_is_checked(tmp_path):
     from webapp.core.settings import ConfigError
 
