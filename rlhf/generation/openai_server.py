@@ -104,8 +104,8 @@ class CompletionsService:
 
 def _settings(body: dict[str, Any]) -> GenerationSettings:
     try:
-        temperature = float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0)
-        top_p = float(body.get("top_p", 1.0) if body.get("top_p") is not None else 1.0)
+        temperature = float(1.0 if body.get("temperature") is None else body["temperature"])  # OpenAI's defaults
+        top_p = float(1.0 if body.get("top_p") is None else body["top_p"])
         max_tokens = int(body.get("max_tokens") or 16)
         settings = GenerationSettings(max_new_tokens=max_tokens, temperature=temperature if temperature > 0 else 1.0,
                                       top_p=top_p, do_sample=temperature > 0)

@@ -41,7 +41,12 @@ CONNECT_TIMEOUT_S = 5.0
 
 
 class InferenceServerError(RuntimeError):
-    """The inference server could not be reached, or refused or broke off a request."""
+    """The inference server could not be reached, or refused or broke off a request (``status``:
+    the HTTP status of a refusal)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class InferenceServerUnavailable(InferenceServerError):
@@ -105,7 +110,7 @@ class InferenceClient:
         if not resp.ok:
             text = _error_text(resp)
             resp.close()
-            raise InferenceServerError(f"the inference server answered {resp.status_code}: {text}")
+            raise InferenceServerError(f"the inference server answered {resp.status_code}: {text}", resp.status_code)
         return resp
 
 
@@ -290,7 +295,8 @@ class RemoteWorker:
             text = row.text.rstrip()
             if len(text) > row.emitted:
                 row.out.put(text[row.emitted:])
-            row.done = _Done(tokens if tokens is not None else row.chunks_seen, finish, text)  # type: ignore[attr-defined]
+            count = tokens if tokens is not None else row.chunks_seen  # type: ignore[attr-defined]
+            row.done = _Done(count, finish, text)
             row.finished.set()
             row.out.put(row.done)
 
@@ -304,7 +310,7 @@ class RemoteWorker:
             return self.model.client.complete(body)
         except InferenceServerError as exc:
             # the server forgot a LoRA version (it restarted): register it again, once
-            if self.model.adapter_path is None or "404" not in str(exc):
+            if self.model.adapter_path is None or exc.status != 404:
                 raise
             self.model.client.load_adapter(self.model.served_name, self.model.adapter_path)
             return self.model.client.complete(body)

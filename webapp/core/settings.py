@@ -78,7 +78,8 @@ def _not_blank(value: str) -> str | None:
 
 
 def _http_url(value: str) -> str | None:
-    return None if value.startswith(("http://", "https://")) and len(value) > 8 else "must be an http:// or https:// URL"
+    ok = value.startswith(("http://", "https://")) and len(value) > 8
+    return None if ok else "must be an http:// or https:// URL"
 
 
 @dataclass(frozen=True)
