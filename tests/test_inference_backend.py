@@ -136,6 +136,22 @@ def test_a_version_the_server_cannot_serve_is_a_load_error(store, server, tmp_pa
         RemotePool(f"http://127.0.0.1:{free_port()}").get(store["base"], "v1-base")
 
 
+def test_the_own_server_speaks_the_openai_completions_api(server):
+    url = server.url + "/v1/completions"
+    resp = requests.post(url, json={"model": "v1-base", "prompt": "User: hi\nAssistant:", "max_tokens": 4,
+                                    "temperature": 0}, timeout=60)
+    body = resp.json()
+    assert resp.status_code == 200 and body["object"] == "text_completion"
+    assert body["choices"][0]["finish_reason"] in ("stop", "length") and 1 <= body["usage"]["completion_tokens"] <= 4
+    resp = requests.post(url, json={"model": "nope", "prompt": [1, 2]}, timeout=60)
+    assert resp.status_code == 404 and "does not exist" in resp.json()["error"]["message"]
+    resp = requests.post(url, json={"model": "v1-base", "prompt": []}, timeout=60)
+    assert resp.status_code == 400 and "prompt" in resp.json()["error"]["message"]
+    resp = requests.post(server.url + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/nonexistent"},
+                         timeout=60)
+    assert resp.status_code == 400 and "x" not in server.models()
+
+
 def test_a_restarted_server_gets_the_lora_version_registered_again(store, tmp_path, in_process):
     name = store["lora"].name
     srv = own_server(store["base"], tmp_path / "first.log")
