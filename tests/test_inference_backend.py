@@ -391,6 +391,7 @@ def vllm(tmp_path_factory, micro_model_dir):
     _, base, _ = registry.write_version(models, "base", lambda tmp: tiny_llama(micro_model_dir, tmp) and None,
                                         name="v1-base")
     lora = make_adapter_version(models, base, seed=5)
+    lora2 = make_adapter_version(models, base, seed=6)
     srv = Server([VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(base),
                   "--served-model-name", "v1-base", "--enable-lora", "--max-lora-rank", "8", "--max-model-len", "256",
                   "--dtype", "float32"],
@@ -398,8 +399,8 @@ def vllm(tmp_path_factory, micro_model_dir):
                  timeout=600, log=where / "vllm.log")
     pool = ModelPool("cpu")  # the reference: in-process greedy answers of both versions
     want = {name: [generate_chat(pool.get(path, name), q, GREEDY) for q in QUESTIONS]
-            for name, path in (("v1-base", base), (lora.name, lora))}
-    yield {"server": srv, "base": base, "lora": lora, "want": want, "where": where}
+            for name, path in (("v1-base", base), (lora.name, lora), (lora2.name, lora2))}
+    yield {"server": srv, "base": base, "lora": lora, "lora2": lora2, "want": want, "where": where}
     srv.stop()
 
 
@@ -469,3 +470,12 @@ def test_vllm_a_batch_of_base_and_lora_rows(vllm):
     want = [r.text.rstrip("\ufffd") for name in ("v1-base", lora.name) for r in vllm["want"][name]]
     assert got[len(QUESTIONS):] == want[len(QUESTIONS):]  # the LoRA rows
     assert got[:len(QUESTIONS)] == want[:len(QUESTIONS)]  # the base rows
+
+
+@needs_vllm
+def test_vllm_a_batch_of_two_lora_versions(vllm):
+    pool = RemotePool(vllm["server"].url)
+    versions = [vllm["lora"], vllm["lora2"]]
+    jobs = [(pool.get(path, path.name), q) for path in versions for q in QUESTIONS]
+    got = [r.text for r in generate_chats(jobs, GREEDY)]
+    assert got == [r.text.rstrip("\ufffd") for path in versions for r in vllm["want"][path.name]]
