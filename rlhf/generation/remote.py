@@ -33,6 +33,7 @@ import requests
 import torch
 
 from ..adapters import base_of, is_adapter
+from ..chat_format import prepare_tokenizer
 from ..loading import ModelLoadError
 from .batcher import DEFAULT_TOP_K, BatchStats, _Done, _Row
 from .pool import GenerationSettings, LoadedModel
@@ -212,6 +213,7 @@ class RemotePool:
         try:
             tokenizer = AutoTokenizer.from_pretrained(key if (Path(key) / "tokenizer_config.json").is_file()
                                                       else base_dir)
+            prepare_tokenizer(tokenizer)  # as load_causal_lm does in-process: the same chat template
             weights = _NoWeights(base_dir)
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"version {name}: its tokenizer or config cannot be read: {exc}") from exc
