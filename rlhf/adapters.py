@@ -84,45 +84,6 @@ def merged_model(base_model: Any, path: str | Path) -> Any:
     return PeftModel.from_pretrained(base_model, str(path), is_trainable=False).merge_and_unload()
 
 
-def write_zero_adapter(base_dir: str | Path, out: str | Path) -> Path:
-    """A rank-1 LoRA adapter on ``base_dir`` whose weights are all zero: the base model itself,
-    as an adapter (an inference server then never batches base rows with LoRA rows; see
-    ``rlhf.generation.remote``). Built from the config alone (no weights loaded); written to a
-    temporary directory and renamed to ``out``."""
-    import os
-    import shutil
-    import tempfile
-
-    import torch
-    from peft import get_peft_model
-    from peft.utils import get_peft_model_state_dict
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from .policy_training import PolicySettings, _lora_config
-
-    out = Path(str(out))
-    if (out / ADAPTER_CONFIG).is_file():
-        return out
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(base_dir)))
-    cfg = _lora_config(model, PolicySettings(lora=True, lora_r=1))
-    weights = {k: torch.zeros(v.shape) for k, v in get_peft_model_state_dict(get_peft_model(model, cfg)).items()}
-    cfg.base_model_name_or_path = str(Path(str(base_dir)).resolve())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
-    try:
-        cfg.save_pretrained(str(tmp))
-        save_file(weights, str(tmp / ADAPTER_WEIGHTS[0]))
-        os.chmod(tmp, 0o755)
-        os.rename(tmp, out)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (out / ADAPTER_CONFIG).is_file():  # not another process's, finished meanwhile
-            raise
-    return out
-
-
 # ---------------------------------------------------------------------------- per-thread selection
 
 _selection = threading.local()

