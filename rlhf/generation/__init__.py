@@ -7,6 +7,9 @@
 - ``stream``: an answer as a stream of text chunks that owns its final ``GenerationResult``
   (``stream_chat`` -> ``StreamHandle``), and whole answers read through it (``generate_chat``,
   ``generate_chats``).
+- ``remote``: the same interface on an OpenAI-compatible inference server such as vLLM
+  (``RemotePool`` in place of ``ModelPool``; ``RemoteModel`` in place of ``LoadedModel``).
+- ``openai_server``: an OpenAI-compatible server on this package's own in-process generation.
 
 The public API is re-exported here. Tuning constants and private helpers live in the module that
 uses them: patch them there (e.g. ``rlhf.generation.batcher.WORKER_IDLE_EXIT_S``), not here.
@@ -15,14 +18,19 @@ from __future__ import annotations
 
 from .batcher import BatchStats, batch_stats, batcher_for
 from .pool import GenerationResult, GenerationSettings, LoadedModel, ModelPool, fit_to_context
-from .stream import StreamHandle, generate_chat, generate_chats, stream_chat
+from .remote import InferenceServerError, InferenceServerUnavailable, RemoteModel, RemotePool
+from .stream import StreamHandle, generate_chat, generate_chats, stream_chat, stream_prompt
 
 __all__ = [
     "BatchStats",
     "GenerationResult",
     "GenerationSettings",
+    "InferenceServerError",
+    "InferenceServerUnavailable",
     "LoadedModel",
     "ModelPool",
+    "RemoteModel",
+    "RemotePool",
     "StreamHandle",
     "batch_stats",
     "batcher_for",
@@ -30,4 +38,5 @@ __all__ = [
     "generate_chat",
     "generate_chats",
     "stream_chat",
+    "stream_prompt",
 ]

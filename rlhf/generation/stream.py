@@ -9,6 +9,10 @@ the reader closes ``chunks`` early (the answer is stopped and what was handed ou
 worker error, which ``chunks`` raises, ``result`` stays None.
 
 ``generate_chat`` and ``generate_chats`` read whole answers through the same streams.
+
+A ``remote.RemoteModel`` (a version served by an inference server) goes through the same
+handle: its rows are submitted to a ``remote.RemoteWorker`` instead of the batching worker.
+``stream_prompt`` starts an answer from prompt token ids (``openai_server`` serves it).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from typing import Iterator
 
 from .batcher import _Batcher, _Done, _Row, batcher_for
 from .pool import GenerationResult, GenerationSettings, LoadedModel, fit_to_context
+from .remote import RemoteModel, RemoteWorker, remote_worker
 
 RESULT_TIMEOUT_S = 600.0  # a reader gives up on a worker that sends nothing for this long
 
@@ -61,7 +66,8 @@ class StreamHandle:
         self.cancel = cancel
         self._started = started
         self._row = _Row(prompt_ids, settings, cancel, loaded.tokenizer)
-        self._batcher: _Batcher = batcher_for(loaded)
+        self._batcher: _Batcher | RemoteWorker = (remote_worker(loaded) if isinstance(loaded, RemoteModel)
+                                                  else batcher_for(loaded))
         self._result: GenerationResult | None = None
         self.chunks: _Chunks = _Chunks(self)
 
@@ -137,8 +143,24 @@ def stream_chat(loaded: LoadedModel, messages: list[dict], settings: GenerationS
     stop string; ``latency_ms`` runs from this call to the end of the answer."""
     started = time.perf_counter()
     settings.validate()
-    handle = StreamHandle(loaded, fit_to_context(loaded, messages, settings.max_new_tokens), settings,
-                          cancel or threading.Event(), started)
+    return stream_prompt(loaded, fit_to_context(loaded, messages, settings.max_new_tokens), settings, cancel,
+                         started)
+
+
+def stream_prompt(loaded: LoadedModel, prompt_ids: list[int], settings: GenerationSettings,
+                  cancel: threading.Event | None = None, started: float | None = None, *,
+                  extra_stops: tuple[str, ...] = (), extra_end_ids: tuple[int, ...] = ()) -> StreamHandle:
+    """``stream_chat`` for a prompt already rendered and tokenized (the caller fits it to the
+    context window). ``extra_stops`` / ``extra_end_ids`` end the answer too, besides the chat
+    template's own turn markers."""
+    settings.validate()
+    handle = StreamHandle(loaded, list(prompt_ids), settings, cancel or threading.Event(),
+                          time.perf_counter() if started is None else started)
+    row = handle._row
+    if extra_stops:
+        row.stops = tuple(dict.fromkeys((*row.stops, *(s for s in extra_stops if s))))
+    if extra_end_ids:
+        row.ends = row.ends | frozenset(extra_end_ids)
     handle._start()
     return handle
 

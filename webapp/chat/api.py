@@ -17,7 +17,8 @@ from typing import Iterator
 from flask import Blueprint, Response, current_app, jsonify, stream_with_context
 from werkzeug.exceptions import BadRequest, NotFound, ServiceUnavailable
 
-from rlhf.generation import GenerationResult, LoadedModel, generate_chat, generate_chats, stream_chat
+from rlhf.generation import (GenerationResult, InferenceServerError, LoadedModel, generate_chat, generate_chats,
+                             stream_chat)
 
 from webapp.chat.conversations import (add_question, answerer_dict, comparison_dict, conversation_summary,
                                        message_dict, own_answer_of_visitor, own_conversation, own_message,
@@ -162,7 +163,8 @@ def _answer(user_msg: Message, route: Route, loaded: LoadedModel, stream: bool, 
         except Exception as exc:  # generation failed: report it in the stream, keep nothing
             current_app.logger.exception("generation failed")
             discard_question()
-            yield _sse("error", {"error": f"Generation failed: {type(exc).__name__}"})
+            where = " (the model server did not answer)" if isinstance(exc, InferenceServerError) else ""
+            yield _sse("error", {"error": f"Generation failed: {type(exc).__name__}{where}"})
             return
         finally:
             if not finished:

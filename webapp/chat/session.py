@@ -12,7 +12,7 @@ from flask_wtf.csrf import generate_csrf
 from webapp.core.identity import current_visitor, is_admin
 from webapp.core.models import active_version
 from webapp.experiments.assignment import assign, running_experiment
-from webapp.serving.routing import serving_problems
+from webapp.serving.routing import backend_problem, serving_problems
 
 bp = Blueprint("session_api", __name__, url_prefix="/api")
 
@@ -42,13 +42,20 @@ def health():
     fallback answers in its place. Only an admin is told which: ``model_version`` (the active
     one), and when degraded ``serving`` (the fallback, or null when nothing can) and ``problem``.
     Everyone else gets the status alone -- the active version is the control arm of a running
-    experiment, and a load error names paths and versions."""
+    experiment, and a load error names paths and versions.
+
+    With an inference server (``RLHF_INFERENCE_URL``) the status is ``degraded`` while it cannot
+    be reached, and an admin also gets ``backend``: its URL and the problem (null when it answers)."""
     version = active_version()
     problem = next((p for p in serving_problems() if version and p["version"] == version.name), None)
-    status = "degraded" if problem is not None else "ok" if version else "no_model"
+    url = current_app.config.get("RLHF_INFERENCE_URL")
+    unreachable = backend_problem() if url else None
+    status = "degraded" if problem is not None or unreachable else "ok" if version else "no_model"
     if not is_admin():
         return jsonify(status=status)
+    body = {"status": status, "model_version": version.name if version else None}
     if problem is not None:
-        return jsonify(status=status, model_version=version.name, serving=problem["serving"],
-                       problem=problem["error"])
-    return jsonify(status=status, model_version=version.name if version else None)
+        body.update(serving=problem["serving"], problem=problem["error"])
+    if url:
+        body["backend"] = {"kind": "inference_server", "url": url, "problem": unreachable}
+    return jsonify(body)

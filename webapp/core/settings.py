@@ -81,6 +81,11 @@ def _not_blank(value: str) -> str | None:
     return "must not be empty" if not value.strip() else None
 
 
+def _http_url(value: str) -> str | None:
+    ok = value.startswith(("http://", "https://")) and len(value) > 8
+    return None if ok else "must be an http:// or https:// URL"
+
+
 @dataclass(frozen=True)
 class Settings:
     # storage
@@ -103,6 +108,17 @@ class Settings:
     temperature: float = setting(0.8, "sampling temperature", "Generation", above=0.0, high=5.0)
     top_p: float = setting(0.95, "nucleus sampling: smallest token set with this much probability", "Generation",
                            above=0.0, high=1.0)
+    inference_url: str | None = setting(None, "base URL of an OpenAI-compatible inference server (vLLM, or "
+                                        "`python -m rlhf.generation.openai_server`) that generates the answers instead "
+                                        "of this process, e.g. `http://gpu-box:8000`; each version is requested by its "
+                                        "name, LoRA versions are registered there when first served (README: "
+                                        "\"Inference backend (vLLM)\"). None: in-process generation", "Generation",
+                                        check=_http_url)
+    inference_timeout_seconds: float = setting(120.0, "with `RLHF_INFERENCE_URL`: longest wait for the server's next "
+                                               "bytes (the answer fails with an error in the chat after it)",
+                                               "Generation", above=0.0)
+    inference_api_key: str | None = setting(None, "with `RLHF_INFERENCE_URL`: the bearer token the server requires "
+                                            "(vLLM's `--api-key`)", "Generation", secret=True)
     max_message_chars: int = setting(4000, "longest message a user may send, in characters", "Generation", low=1)
     inference_threads: int = setting(1, "torch threads of `serve` for generating answers (0: torch's default, all "
                                      "cores). One thread generates every concurrent answer as one batch; on small "
@@ -507,7 +523,7 @@ def current_settings() -> Settings:
 def _mask(spec: Spec, value: Any) -> Any:
     if not spec.meta.get("secret") or value is None:
         return value
-    if spec.name == "secret_key":
+    if spec.name in ("secret_key", "inference_api_key"):
         return "********"
     from sqlalchemy.engine import make_url  # URLs: only their password is secret
 

@@ -185,16 +185,35 @@ def prune_retired_versions(keep: int) -> list[str]:
                 needed.add(str(base_of(v.path).resolve()))
             except (OSError, ValueError, KeyError):  # an unreadable adapter cannot protect anything
                 pass
-    pruned = []
+    pruned, adapters = [], []
     for version in retired[keep:]:
         if str(Path(version.path).resolve()) in needed:
             continue
         if Path(version.path).resolve().parent == Path(current_app.config["MODEL_STORE"]).resolve():
+            if is_adapter(version.path):
+                adapters.append(version.name)
             shutil.rmtree(version.path, ignore_errors=True)
             version.metrics = {**(version.metrics or {}), "pruned_at": utcnow().isoformat()}
             pruned.append(version.name)
     db.session.commit()
+    _unload_adapters(adapters)
     return pruned
+
+
+def _unload_adapters(names: list[str]) -> None:
+    """Pruned LoRA versions leave the inference server too (RLHF_INFERENCE_URL), best effort: a
+    server that is down has forgotten them anyway."""
+    url = current_app.config.get("RLHF_INFERENCE_URL")
+    if not url or not names:
+        return
+    from rlhf.generation.remote import InferenceClient, InferenceServerError
+
+    client = InferenceClient(url, 10.0, current_app.config.get("RLHF_INFERENCE_API_KEY"))
+    for name in names:
+        try:
+            client.unload_adapter(name)
+        except InferenceServerError as exc:
+            log.warning("housekeeping: could not unload %s from the inference server: %s", name, exc)
 
 
 TICKS = {"retrain": retrain_tick, "experiment_monitor": monitor_tick, "housekeeping": housekeeping_tick,
