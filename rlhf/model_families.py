@@ -204,13 +204,43 @@ def build_tokenizer(family: str, vocab_size: int = 500) -> Any:
     return wrapped
 
 
+def _pretrain(model: Any, tokenizer: Any, steps: int, seed: int) -> float:
+    """``steps`` of next-token training on corpus dialogues rendered with the chat template the
+    model will be served with (its own, or the plain one the app gives a tokenizer without one), so
+    that it ends its answers with its end-of-turn token: a random model almost never writes it."""
+    import torch
+
+    from .chat_format import PLAIN_CHAT_TEMPLATE
+
+    template = tokenizer.chat_template or PLAIN_CHAT_TEMPLATE
+    texts = [tokenizer.apply_chat_template(list(d.messages), tokenize=False, chat_template=template)
+             for d in generate_corpus(200, seed=seed + 1)]
+    ids = [i for enc in tokenizer(texts, add_special_tokens=False)["input_ids"] for i in enc]
+    block = 64
+    data = torch.tensor(ids[: len(ids) // block * block]).view(-1, block)
+    gen = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    loss = torch.tensor(float("nan"))
+    for _ in range(steps):
+        batch = data[torch.randint(0, len(data), (16,), generator=gen)]
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    return round(loss.item(), 3)
+
+
 def build_tiny_model(family: str, out_dir: str | Path, size: Size = "tiny", vocab_size: int = 500,
-                     seed: int = 0, **overrides: Any) -> dict:
+                     seed: int = 0, train_steps: int = 0, **overrides: Any) -> dict:
     """Write a random-weight ``family`` model at ``size`` and its family-shaped tokenizer to
     ``out_dir`` with ``save_pretrained`` (plus a generation config with the family's end ids), as
     a hub download would look. ``vocab_size``: the BPE's size; the model's embeddings are the
     tokenizer's length (rounded up where the real family rounds), or the real vocabulary for
-    ``size="real"``. Returns what was built (family, architecture, parameters, special ids)."""
+    ``size="real"``. ``train_steps``: next-token steps on the corpus in its chat format first (the
+    tests use a few hundred so that answers end; 0: random weights). Returns what was built
+    (family, architecture, parameters, special ids, final training loss)."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -226,6 +256,7 @@ def build_tiny_model(family: str, out_dir: str | Path, size: Size = "tiny", voca
                            pad_token_id=ids.get("pad"), **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
+    loss = _pretrain(model, tokenizer, train_steps, seed) if train_steps else None
     ends = list(dict.fromkeys(i for i in (ids.get("end_of_turn"), ids["eos"]) if i is not None))
     model.generation_config = GenerationConfig(bos_token_id=ids.get("bos"), pad_token_id=ids.get("pad"),
                                                eos_token_id=ends if len(ends) > 1 else ends[0])
@@ -235,6 +266,7 @@ def build_tiny_model(family: str, out_dir: str | Path, size: Size = "tiny", voca
     tokenizer.save_pretrained(out)
     info = {"family": family, "size": size, "architecture": type(model).__name__,
             "parameters": sum(p.numel() for p in model.parameters()), "tokens": len(tokenizer),
-            "embedding_rows": rows, "special_ids": ids, "chat_template": bool(shape.chat_template)}
+            "embedding_rows": rows, "special_ids": ids, "chat_template": bool(shape.chat_template),
+            "train_steps": train_steps, "train_loss": loss}
     (out / "family.json").write_text(json.dumps(info, indent=1))
     return info
