@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from scipy.stats import binomtest, wilcoxon
 
-from .chat_format import end_ids, end_of_turn_token
+from .chat_format import end_ids, end_of_turn_token, turn_markers
 from .loading import load_causal_lm, resolve_device
 from .preference_data import to_standard
 from .reward_model import context_length, load_reward_model, score_texts
@@ -65,6 +65,7 @@ def _sample(model: Any, tok: Any, prompts: list[str], settings: EvalSettings) ->
     """Answers (text), prompt ids and answer ids (up to and including EOS or the end-of-turn token)."""
     texts, prompt_ids, answer_ids = [], [], []
     ends = end_ids(tok)  # EOS and the template's end-of-turn token (Llama-3's <|eot_id|> is not EOS)
+    stops = turn_markers(tok)[0]
     device = next(model.parameters()).device
     # a long conversation keeps its end: prompt + answer must fit the model's positions
     budget = max(8, context_length(model) - settings.max_new_tokens)
@@ -88,7 +89,10 @@ def _sample(model: Any, tok: Any, prompts: list[str], settings: EvalSettings) ->
             ids = [t for t in ids if t != tok.pad_token_id]
             prompt_ids.append(row[mask.bool()].tolist())
             answer_ids.append(ids)
-            texts.append(tok.decode(ids, skip_special_tokens=True).split("\nUser:")[0].strip())
+            text = tok.decode(ids, skip_special_tokens=True)
+            for stop in stops:  # where the model began a new turn, as serving cuts it (not only "\nUser:")
+                text = text.split(stop)[0]
+            texts.append(text.strip())
     return texts, prompt_ids, answer_ids
 
 

@@ -40,6 +40,10 @@ FAST = {"RLHF_DEVICE": "cpu", "RLHF_PPO_EPISODES": "16", "RLHF_TRAINING_POLICY_B
         "RLHF_GATE_MAX_KL": "1000", "RLHF_TRAINING_GATE_MAX_EMPTY_RATE": "1", "RLHF_TRAINING_GATE_MAX_REPETITION": "1",
         "RLHF_TRAINING_GATE_MIN_DISTINCT2_RATIO": "0", "RLHF_MAX_NEW_TOKENS": "40", "RLHF_SCHEDULER": "0"}
 TRAIN_STEPS = 200
+ATTENTION_AND_MLP = {"gpt2": {"c_attn", "c_fc"}, "phi": {"q_proj", "v_proj", "fc1", "fc2"},
+                     "llama": {"q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+                     "qwen2": {"q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+                     "gpt_neox": {"query_key_value", "dense_h_to_4h", "dense_4h_to_h"}}
 
 
 def family_model(family: str) -> Path:
@@ -204,6 +208,28 @@ def test_an_answer_ends_at_the_familys_end_of_turn_token(imported):
         assert ended and set(ended) == {end}, (ended, end)
 
 
+def test_the_gates_samples_end_at_the_end_of_turn_token(imported):
+    """The evaluation gate samples answers as serving does: each ends at EOS or the end-of-turn
+    token, and nothing after it is scored or shown."""
+    import torch
+
+    from rlhf.chat_format import end_ids, render_prompt
+    from rlhf.evaluation import _sample
+    from rlhf.loading import load_causal_lm
+    from rlhf.settings import EvalSettings
+
+    family, inst = imported
+    model, tok = load_causal_lm(inst / "models" / "v1-base", "cpu")
+    prompts = [render_prompt(tok, [{"role": "user", "content": q}]) for q in QUESTIONS]
+    torch.manual_seed(0)
+    texts, _, answers = _sample(model, tok, prompts * 2, EvalSettings(max_new_tokens=60, temperature=0.8))
+    ends = set(end_ids(tok))
+    for text, ids in zip(texts, answers):
+        assert not ends & set(ids[:-1]), tok.convert_ids_to_tokens(ids)
+        assert_clean(text, template_tokens(tok))
+    assert any(ids and ids[-1] in ends for ids in answers)
+
+
 def admin_client(app):
     from webapp.admin.auth import set_admin_password
     from webapp.core.extensions import db
@@ -237,6 +263,9 @@ def test_rl_train_lora_gate_adapter_serving_promote_and_rollback(imported):
         version = db.session.scalars(db.select(ModelVersion).filter_by(name=out["version"]["name"])).one()
         version_id, path = version.id, version.path
     assert is_adapter(path)
+    # LoRA adapts the attention and the MLP projections of every family
+    targets = set(json.loads((Path(path) / "adapter_config.json").read_text())["target_modules"])
+    assert targets >= ATTENTION_AND_MLP[family], targets
 
     admin, headers = admin_client(app)
     promoted = admin.post(f"/api/admin/versions/{version_id}/promote", headers=headers)
@@ -267,16 +296,21 @@ def test_ppo_on_all_weights_and_dpo(imported, tmp_path):
 
     family, inst = imported
     base = inst / "models" / "v1-base"
-    prompts = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    from rlhf.corpus import sample_prompts
+
+    # as many prompts as a PPO batch (TRL's dataloader drops an incomplete one: rlhf.stage_sizing)
+    prompts = [[{"role": "user", "content": q}] for q in sample_prompts(8, seed=3)]
     pairs = [{"prompt": p, "chosen": [{"role": "assistant", "content": "Rinse it, then simmer it for 15 minutes."}],
               "rejected": [{"role": "assistant", "content": "No."}], "margin": 1.0} for p in prompts]
     reward = train_reward_model(base, pairs, pairs[:2], tmp_path / "reward",
                                 RewardSettings(max_steps=2, batch_size=4, min_steps=1), device="cpu")
     assert reward["steps"] == 2
     ppo = train_ppo(base, tmp_path / "reward", prompts, tmp_path / "ppo",
-                    PolicySettings(episodes=8, batch_size=4, mini_batches=2, ppo_epochs=1, response_length=16),
+                    PolicySettings(episodes=8, batch_size=8, mini_batches=2, ppo_epochs=1, response_length=48),
                     device="cpu")
     assert ppo["updates"] >= 1 and not ppo["lora"]
+    if SHAPES[family].chat_template:  # rollouts end at the template's end-of-turn token (Llama-3's is not EOS),
+        assert ppo["val/num_eos_tokens"]["last"] > 0  # and PPO counts them as ended: no missing-EOS penalty
     dpo = train_dpo(base, pairs, tmp_path / "dpo", PolicySettings(max_steps=2, batch_size=4), device="cpu")
     assert dpo["steps"] == 2
     for name in ("ppo", "dpo"):
@@ -286,3 +320,54 @@ def test_ppo_on_all_weights_and_dpo(imported, tmp_path):
         answer = generate_chat(LoadedModel(name, model, tok, torch.device("cpu")), prompts[0],
                                GenerationSettings(max_new_tokens=16, do_sample=False))
         assert_clean(answer.text, template_tokens(tok))
+
+
+# ---------------------------------------------------------------------------- what cannot work fails at import
+
+def _broken(tmp_path: Path, what: str) -> Path:
+    """The GPT-2 family's model with one thing an RLHF loop needs taken away."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = tmp_path / what
+    shutil.copytree(family_model("gpt2"), out)
+    if what == "no-eos":
+        cfg = json.loads((out / "tokenizer_config.json").read_text())
+        for key in ("eos_token", "bos_token", "unk_token"):
+            cfg.pop(key, None)
+        (out / "tokenizer_config.json").write_text(json.dumps(cfg))
+        (out / "special_tokens_map.json").unlink(missing_ok=True)
+    elif what == "no-reward-model-class":  # CodeGen has a causal LM but no sequence-classification class
+        config = AutoConfig.for_model("codegen", vocab_size=512, n_positions=64, n_embd=32, n_layer=1, n_head=2,
+                                      rotary_dim=8)
+        for f in ("config.json", "model.safetensors", "generation_config.json"):
+            (out / f).unlink(missing_ok=True)
+        AutoModelForCausalLM.from_config(config).save_pretrained(out)
+    elif what == "no-causal-lm":  # an encoder-decoder: no causal-LM class
+        AutoConfig.for_model("t5", vocab_size=512, d_model=32, d_ff=64, num_layers=1, num_heads=2).save_pretrained(out)
+    elif what == "broken-template":
+        cfg = json.loads((out / "tokenizer_config.json").read_text())
+        cfg["chat_template"] = "{{ raise_exception('Conversation roles must alternate system/user') }}"
+        (out / "tokenizer_config.json").write_text(json.dumps(cfg))
+        (out / "chat_template.jinja").write_text(cfg["chat_template"])
+    return out
+
+
+@pytest.mark.parametrize("what,needle", [
+    ("no-eos", "the tokenizer has no EOS token, so generation could never stop"),
+    ("no-reward-model-class", "model type 'codegen' has no sequence-classification class "
+                              "(AutoModelForSequenceClassification), which this app needs for the reward model"),
+    ("no-causal-lm", "model type 't5' has no causal-LM class (AutoModelForCausalLM), which this app needs to "
+                     "generate answers"),
+    ("broken-template", "its chat template cannot render a user/assistant conversation "
+                        "(Conversation roles must alternate system/user)"),
+])
+def test_what_cannot_work_fails_at_import_with_one_line(tmp_path, monkeypatch, what, needle):
+    source = _broken(tmp_path, what)
+    inst = tmp_path / "instance"
+    monkeypatch.setenv("RLHF_INSTANCE_DIR", str(inst))
+    monkeypatch.setenv("RLHF_BASE_MODEL", str(source))
+    result = flask_cli("init-model")
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert lines == [f"Error: RLHF_BASE_MODEL={str(source)!r} cannot be used: {needle}"], result.output
+    assert not [p for p in (inst / "models").iterdir() if not p.name.startswith(".")]  # no version stored
