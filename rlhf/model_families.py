@@ -5,9 +5,9 @@ rules and chat template). The hub is never needed.
 The tokenizer is a small byte-level BPE trained on the project's corpus (``rlhf.corpus``), with the
 family's special tokens added as in its published tokenizer:
 
-- ``gpt2`` (GPT-2): ``<|endoftext|>`` as BOS/EOS/UNK, no pad token, no chat template.
+- ``gpt2`` (GPT-2): ``<|endoftext|>`` as BOS/EOS/UNK (the last id, as in GPT-2), no pad token, no chat template.
 - ``phi`` (Phi-2, ``PhiForCausalLM``): the same shape as GPT-2 (its tokenizer is CodeGen's GPT-2 BPE).
-- ``gpt_neox`` (Pythia): ``<|endoftext|>`` as BOS/EOS/UNK, ``<|padding|>`` in the vocabulary but not
+- ``gpt_neox`` (Pythia): ``<|endoftext|>`` as BOS/EOS/UNK (id 0), ``<|padding|>`` (id 1) in the vocabulary but not
   the pad token, no chat template.
 - ``qwen2`` (Qwen2.5-Instruct): ChatML, ``<|im_end|>`` as EOS, ``<|endoftext|>`` as pad, no BOS, and
   Qwen's own template with its default system prompt.
@@ -187,14 +187,18 @@ def build_tokenizer(family: str, vocab_size: int = 500) -> Any:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(shape.special),
+    # Pythia's special tokens are its first ids; the others' come after the BPE vocabulary
+    first = family == "gpt_neox"
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(shape.special) if first else [],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(list(_corpus_texts()) + ["User: ", "Assistant: ", "system\n", "user\n", "assistant\n"] * 50,
                             trainer=trainer)
+    if not first:
+        tok.add_special_tokens(list(shape.special))
     if shape.add_bos:
         bos_id = tok.token_to_id(shape.bos)
-        tok.post_processor = processors.TemplateProcessing(single=f"{shape.bos} $A", pair=f"{shape.bos} $A {shape.bos} $B",
-                                                           special_tokens=[(shape.bos, bos_id)])
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{shape.bos} $A", pair=f"{shape.bos} $A {shape.bos} $B", special_tokens=[(shape.bos, bos_id)])
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=shape.eos, bos_token=shape.bos,
