@@ -6,7 +6,7 @@ corpus steps in its own chat format, so that it ends its answers) with a tokeniz
 real family's, imported the way an operator does (RLHF_BASE_MODEL=<dir>, `init-model`). Then: users
 chatting at once (one batch), compare, regenerate, `rl-train --lora` (PPO; the gate's verdict
 recorded; the adapter served on the base's shared weights), promote and roll back through the
-admin API, and PPO on all weights and DPO on the imported model (rlhf-level, tiny step counts).
+admin API, and PPO on all weights, DPO and RLOO on the imported model (rlhf-level, tiny step counts).
 """
 from __future__ import annotations
 
@@ -287,10 +287,10 @@ def test_rl_train_lora_gate_adapter_serving_promote_and_rollback(imported):
     assert [e["action"] for e in return_json][:2] == ["rollback", "promote"]
 
 
-def test_ppo_on_all_weights_and_dpo(imported, tmp_path):
+def test_ppo_on_all_weights_dpo_and_rloo(imported, tmp_path):
     from rlhf.generation import GenerationSettings, LoadedModel, generate_chat
     from rlhf.loading import load_causal_lm
-    from rlhf.policy_training import train_dpo, train_ppo
+    from rlhf.policy_training import train_dpo, train_ppo, train_rloo
     from rlhf.reward_model import train_reward_model
     from rlhf.settings import PolicySettings, RewardSettings
 
@@ -313,7 +313,10 @@ def test_ppo_on_all_weights_and_dpo(imported, tmp_path):
         assert ppo["val/num_eos_tokens"]["last"] > 0  # and PPO counts them as ended: no missing-EOS penalty
     dpo = train_dpo(base, pairs, tmp_path / "dpo", PolicySettings(max_steps=2, batch_size=4), device="cpu")
     assert dpo["steps"] == 2
-    for name in ("ppo", "dpo"):
+    rloo = train_rloo(base, tmp_path / "reward", prompts, tmp_path / "rloo",
+                      PolicySettings(max_steps=1, batch_size=4, rloo_generations=2, response_length=16), device="cpu")
+    assert rloo["steps"] == 1
+    for name in ("ppo", "dpo", "rloo"):
         import torch
 
         model, tok = load_causal_lm(tmp_path / name, "cpu")
