@@ -45,13 +45,16 @@ def prepare_tokenizer(tokenizer: Any) -> bool:
 
 def prepare_model_and_tokenizer(model: Any, tokenizer: Any) -> None:
     """Apply :func:`prepare_tokenizer` and keep the model's embeddings and config in step."""
-    if prepare_tokenizer(tokenizer):
+    # Many checkpoints have more embedding rows than tokens (Phi-2: 51,200 for 50,295): an added pad
+    # token usually fits, and resizing to len(tokenizer) would cut rows off the trained model.
+    if prepare_tokenizer(tokenizer) and len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         model.resize_token_embeddings(len(tokenizer))
     model.config.pad_token_id = tokenizer.pad_token_id
     model.config.eos_token_id = tokenizer.eos_token_id
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        ends = end_ids(tokenizer)  # EOS first, then the template's end-of-turn token (Llama-3's <|eot_id|>)
+        model.generation_config.eos_token_id = ends if len(ends) > 1 else ends[0]
 
 
 def render_prompt(tokenizer: Any, messages: list[dict]) -> str:
@@ -74,25 +77,56 @@ def _template_gaps(tokenizer: Any) -> list[str] | None:
     return [text[a1 + 3:u2], text[u2 + 3:a2]]
 
 
+def _specials(tokenizer: Any) -> list[str]:
+    """Special and added tokens, longest first."""
+    return sorted({t for t in (list(getattr(tokenizer, "all_special_tokens", []))
+                               + [str(t) for t in getattr(tokenizer, "get_added_vocab", dict)()]) if t},
+                  key=len, reverse=True)
+
+
+def end_of_turn_token(tokenizer: Any) -> str | None:
+    """The token the chat template writes right after an assistant answer (ChatML's ``<|im_end|>``,
+    Llama-3's ``<|eot_id|>``, EOS in the plain template), or None when it writes no special token
+    there (the answer then ends at EOS)."""
+    gaps = _template_gaps(tokenizer)
+    if gaps is None:
+        return None
+    first = next((t for t in _specials(tokenizer) if gaps[0].lstrip().startswith(t)), None)
+    return None if first is None or first == getattr(tokenizer, "pad_token", None) else first
+
+
+def end_of_turn_id(tokenizer: Any) -> int:
+    """The id that ends an answer in training (PPO's stop token, the completions the reward model
+    scores): the template's end-of-turn token, else EOS."""
+    token = end_of_turn_token(tokenizer)
+    return tokenizer.eos_token_id if token is None else tokenizer.convert_tokens_to_ids(token)
+
+
+def end_ids(tokenizer: Any) -> list[int]:
+    """EOS and the template's end-of-turn token: the ids a generation stops at (EOS first)."""
+    return list(dict.fromkeys(i for i in (tokenizer.eos_token_id, end_of_turn_id(tokenizer)) if i is not None))
+
+
 def turn_markers(tokenizer: Any) -> tuple[tuple[str, ...], frozenset[int]]:
     """What ends an answer for this tokenizer's chat template: the stop strings (role markers the
     template writes as plain text, e.g. "\nUser:" and "\nAssistant:") and the token ids of
-    EOS and of the template's end-of-turn token (e.g. ChatML's ``<|im_end|>``)."""
+    EOS, of the template's end-of-turn token (e.g. ChatML's ``<|im_end|>``) and of every other
+    special token the template writes between turns (``<|im_start|>``, ``<|start_header_id|>``:
+    a model that writes one has begun a new turn)."""
     eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     gaps = _template_gaps(tokenizer)
     if gaps is None:
         return STOP_STRINGS, frozenset(eos)
-    special = sorted({t for t in (list(getattr(tokenizer, "all_special_tokens", []))
-                                  + [str(t) for t in getattr(tokenizer, "get_added_vocab", dict)()]) if t},
-                     key=len, reverse=True)
+    special = _specials(tokenizer)
+    pad = getattr(tokenizer, "pad_token", None)
     stops: list[str] = []
     for gap in gaps:
         rest = gap
-        first_special = next((t for t in special if rest.lstrip().startswith(t)), None)
-        if first_special is not None and first_special != getattr(tokenizer, "pad_token", None):
-            eos.add(tokenizer.convert_tokens_to_ids(first_special))  # the end-of-turn token
         for tok in special:
-            rest = rest.replace(tok, "")
+            if tok in rest:
+                if tok != pad:
+                    eos.add(tokenizer.convert_tokens_to_ids(tok))
+                rest = rest.replace(tok, "")
         marker = rest.strip()
         # a plain-text role marker ("User:", "### Assistant:"): stop where a new line starts it
         if marker and ":" in marker and "\n" not in marker:

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from scipy.stats import binomtest, wilcoxon
 
+from .chat_format import end_ids, end_of_turn_token, turn_markers
 from .loading import load_causal_lm, resolve_device
 from .preference_data import to_standard
 from .reward_model import context_length, load_reward_model, score_texts
@@ -61,8 +62,10 @@ def distinct_n(texts: list[str], n: int = 2) -> float:
 
 @torch.no_grad()
 def _sample(model: Any, tok: Any, prompts: list[str], settings: EvalSettings) -> tuple[list[str], list[list[int]], list[list[int]]]:
-    """Answers (text), prompt ids and answer ids (up to and including EOS)."""
+    """Answers (text), prompt ids and answer ids (up to and including EOS or the end-of-turn token)."""
     texts, prompt_ids, answer_ids = [], [], []
+    ends = end_ids(tok)  # EOS and the template's end-of-turn token (Llama-3's <|eot_id|> is not EOS)
+    stops = turn_markers(tok)[0]
     device = next(model.parameters()).device
     # a long conversation keeps its end: prompt + answer must fit the model's positions
     budget = max(8, context_length(model) - settings.max_new_tokens)
@@ -76,16 +79,20 @@ def _sample(model: Any, tok: Any, prompts: list[str], settings: EvalSettings) ->
         enc = enc.to(device)
         out = model.generate(**enc, max_new_tokens=settings.max_new_tokens, do_sample=True,
                              temperature=settings.temperature, top_p=1.0, top_k=0, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id)
+                             eos_token_id=ends)
         width = enc["input_ids"].shape[1]
         for row, mask, gen in zip(enc["input_ids"], enc["attention_mask"], out[:, width:]):
             ids = gen.tolist()
-            if tok.eos_token_id in ids:
-                ids = ids[: ids.index(tok.eos_token_id) + 1]
+            stop = next((i for i, t in enumerate(ids) if t in ends), None)
+            if stop is not None:
+                ids = ids[: stop + 1]
             ids = [t for t in ids if t != tok.pad_token_id]
             prompt_ids.append(row[mask.bool()].tolist())
             answer_ids.append(ids)
-            texts.append(tok.decode(ids, skip_special_tokens=True).split("\nUser:")[0].strip())
+            text = tok.decode(ids, skip_special_tokens=True)
+            for stop in stops:  # where the model began a new turn, as serving cuts it (not only "\nUser:")
+                text = text.split(stop)[0]
+            texts.append(text.strip())
     return texts, prompt_ids, answer_ids
 
 
@@ -116,7 +123,8 @@ def _scores(reward_dir: str | Path, device: torch.device, tok: Any, prompt_texts
             answers: dict[str, list[str]]) -> dict[str, list[float]]:
     """Each model's answers scored by the reward model in ``reward_dir`` (loaded, used, released)."""
     reward, reward_tok = load_reward_model(reward_dir, device)
-    scores = {name: score_texts(reward, reward_tok, [p + " " + t + tok.eos_token if t else p + tok.eos_token
+    end = end_of_turn_token(tok) or tok.eos_token  # as the reward model's training texts end
+    scores = {name: score_texts(reward, reward_tok, [p + " " + t + end if t else p + end
                                                      for p, t in zip(prompt_texts, texts)])
               for name, texts in answers.items()}
     del reward

@@ -10,7 +10,7 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .adapters import base_of, is_adapter, merged_model
-from .chat_format import prepare_model_and_tokenizer
+from .chat_format import prepare_model_and_tokenizer, render_prompt
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -66,16 +66,65 @@ def load_causal_lm(source: str | Path, device: torch.device | str = "cpu", setti
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:  # corrupt weights: SafetensorError
         hint = "" if Path(str(source)).exists() else " (not a local directory; hub ids need internet access)"
         raise ModelLoadError(f"{setting}={str(source)!r} could not be loaded{hint}: {_one_line(exc)}") from exc
-    prepare_model_and_tokenizer(model, tokenizer)
+    try:
+        prepare_model_and_tokenizer(model, tokenizer)
+    except ValueError as exc:  # no EOS
+        raise ModelLoadError(f"{setting}={str(source)!r} cannot be used: {_one_line(exc)}") from exc
     model.to(device)
     model.eval()
     return model, tokenizer
 
 
+def _check_architecture(source: str, setting: str) -> None:
+    """The model type must have a causal-LM class (the policy) and a sequence-classification class
+    (the reward and value models start from the policy's backbone)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
+
+    local = Path(str(source)).expanduser()
+    if (str(source).startswith(("/", ".", "~")) or local.exists()) and (not local.is_dir() or is_adapter(local)):
+        return  # load_causal_lm says what is wrong with such a directory
+    try:
+        model_type = AutoConfig.from_pretrained(str(source)).model_type
+    except (OSError, ValueError, KeyError) as exc:
+        hint = "" if Path(str(source)).exists() else " (not a local directory; hub ids need internet access)"
+        raise ModelLoadError(f"{setting}={source!r} could not be loaded{hint}: {_one_line(exc)}") from exc
+    for names, what, needed in ((MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "causal-LM class (AutoModelForCausalLM)",
+                                 "to generate answers"),
+                                (MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+                                 "sequence-classification class (AutoModelForSequenceClassification)",
+                                 "for the reward model")):
+        if model_type not in names:
+            raise ModelLoadError(f"{setting}={source!r} cannot be used: model type {model_type!r} has no {what}, "
+                                 f"which this app needs {needed}")
+
+
+def _check_chat_template(tokenizer: Any, source: str, setting: str) -> None:
+    """The chat template must render a user/assistant conversation, and the prompt with its
+    generation prompt must be the start of the conversation with the answer: training cuts each
+    answer off the conversation's text there."""
+    prompt = [{"role": "user", "content": "Hello?"}]
+    try:
+        before = render_prompt(tokenizer, prompt)
+        after = tokenizer.apply_chat_template(prompt + [{"role": "assistant", "content": "Hi."}], tokenize=False)
+    except Exception as exc:  # jinja errors of every kind: the template is the model's
+        raise ModelLoadError(f"{setting}={source!r} cannot be used: its chat template cannot render a "
+                             f"user/assistant conversation ({_one_line(exc)})") from exc
+    if not after.startswith(before):
+        raise ModelLoadError(f"{setting}={source!r} cannot be used: its chat template's generation prompt is not "
+                             "the start of the answered conversation, so answers cannot be cut out for training")
+
+
 def import_pretrained(source: str, out_dir: str | Path, setting: str = "RLHF_BASE_MODEL") -> dict:
     """Copy a hub/local model into the store as a chat- and PPO-ready version: adds a pad token
-    distinct from EOS (resizing embeddings), left padding and a chat template when missing."""
+    distinct from EOS (resizing embeddings only when it does not fit), left padding and a chat
+    template when missing; a model's own template is kept. What cannot work fails here, with one
+    line naming what is missing (:class:`ModelLoadError`): no causal-LM or sequence-classification
+    class for its architecture, no EOS token, a chat template that cannot render a conversation."""
+    _check_architecture(source, setting)
     model, tokenizer = load_causal_lm(source, "cpu", setting=setting)
+    _check_chat_template(tokenizer, source, setting)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return {"source": source, "parameters": sum(p.numel() for p in model.parameters())}

@@ -25,6 +25,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from . import distributed
+from .chat_format import end_of_turn_id, end_of_turn_token
 from .loading import resolve_device
 from .preference_data import to_standard
 from .rater_trust import resample_by_weight
@@ -45,8 +46,11 @@ def _lora_config(model: Any, settings: PolicySettings):
 
     names = {n.split(".")[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) or
              type(m).__name__ == "Conv1D"}
+    # attention and MLP projections of GPT-2 (c_*), Phi (dense, fc1/fc2), Llama and Qwen2 (*_proj)
+    # and GPT-NeoX (query_key_value, dense*): never the output head
     targets = sorted(names & {"c_attn", "c_proj", "c_fc", "q_proj", "k_proj", "v_proj", "o_proj", "dense",
-                              "fc1", "fc2"}) or "all-linear"
+                              "fc1", "fc2", "gate_proj", "up_proj", "down_proj", "query_key_value",
+                              "dense_h_to_4h", "dense_4h_to_h"}) or "all-linear"
     conv1d = any(type(m).__name__ == "Conv1D" for m in model.modules())  # GPT-2 stores weights transposed
     return LoraConfig(r=settings.lora_r, lora_alpha=2 * settings.lora_r, lora_dropout=0.0, target_modules=targets,
                       task_type="CAUSAL_LM", fan_in_fan_out=conv1d)
@@ -93,11 +97,24 @@ def _load_policy(policy_dir: str | Path) -> tuple[Any, Any]:
 
 # ---------------------------------------------------------------------------- PPO
 
+def _ending_turns(tokenizer: Any) -> Any:
+    """The tokenizer PPO trains with: TRL's PPO counts an answer as finished (no missing-EOS penalty)
+    only if it contains ``eos_token_id``, so where the template's end-of-turn token is not EOS
+    (Llama-3's ``<|eot_id|>``) a copy names it EOS; the saved tokenizer is the original."""
+    token = end_of_turn_token(tokenizer)
+    if token is None or token == tokenizer.eos_token:
+        return tokenizer
+    copied = copy.deepcopy(tokenizer)
+    copied.eos_token = token
+    return copied
+
+
 def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list[dict]], out_dir: str | Path,
               settings: PolicySettings = PolicySettings(), device: str = "auto",
               progress: ProgressFn | None = None, logs: Any = None) -> dict[str, Any]:
     """PPO with the parent as frozen reference (KL penalty), the value model initialised from the
-    reward model, EOS as the stop token and a penalty for answers that never stop."""
+    reward model, the chat template's end-of-turn token (EOS without one) as the stop token and a
+    penalty for answers that never stop."""
     from trl.experimental.ppo import PPOConfig, PPOTrainer
 
     quiet_trl()
@@ -126,11 +143,13 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
         args = PPOConfig(
             **_common_args(dev, settings, scratch, logs), per_device_train_batch_size=settings.batch_size,
             gradient_accumulation_steps=1, num_mini_batches=settings.mini_batches, total_episodes=episodes,
-            num_ppo_epochs=settings.ppo_epochs, response_length=settings.response_length, stop_token="eos",
+            num_ppo_epochs=settings.ppo_epochs, response_length=settings.response_length,
+            stop_token_id=end_of_turn_id(tokenizer),
             missing_eos_penalty=settings.missing_eos_penalty, kl_coef=settings.kl_coef,
             temperature=settings.temperature, num_sample_generations=0,
             local_rollout_forward_batch_size=settings.batch_size)
-        trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref, reward_model=reward,
+        trainer = PPOTrainer(args=args, processing_class=_ending_turns(tokenizer), model=policy, ref_model=ref,
+                             reward_model=reward,
                              train_dataset=dataset, value_model=value,
                              peft_config=_lora_config(policy, settings) if settings.lora else None)
         _callbacks(trainer, progress, "policy", logs, "ppo")
@@ -217,9 +236,11 @@ def _reward_function(reward: Any, tokenizer: Any) -> Callable[..., list[float]]:
     prompt + completion without truncation, which overruns the model's positions when a
     re-encoded completion comes out longer than it was generated; ``score_texts`` keeps the end
     of over-long texts (where the reward is read) and, like the reward model's training data,
-    ends each text with EOS."""
+    ends each text with the end-of-turn token (EOS without one)."""
+    end = end_of_turn_token(tokenizer) or tokenizer.eos_token  # as the reward model's training texts end
+
     def reward_model_score(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
-        return score_texts(reward, tokenizer, [p + c + tokenizer.eos_token for p, c in zip(prompts, completions)])
+        return score_texts(reward, tokenizer, [p + c + end for p, c in zip(prompts, completions)])
 
     return reward_model_score
 
