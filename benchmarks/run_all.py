@@ -372,9 +372,12 @@ def stored(name: str) -> dict | None:
     path = RESULTS_DIR / f"{name}.json"
     if path.is_file():
         try:
-            return json.loads(path.read_text())
+            data = json.loads(path.read_text())
         except ValueError:
             return None
+        if not (isinstance(data, dict) and "meta" in data):  # written by the script itself (--json FILE)
+            return {"meta": {"status": "ok", "note": "stored by the benchmark script itself"}, "result": data}
+        return data
     return None
 
 
