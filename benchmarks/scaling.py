@@ -251,7 +251,7 @@ def profiled_rl_train(profile_out: str, device: str, *cli_args: str) -> None:
 
 
 def one_cycle(model_dir: Path, work: Path, device: str, conversations: int, episodes: int | None,
-              lora: bool = True, reward_steps: int | None = None) -> dict:
+              lora: bool = True, reward_steps: int | None = None, env: dict[str, str] | None = None) -> dict:
     """Store feedback for ``model_dir`` in a new instance, run one rl-train through the CLI."""
     from tests.conftest import make_app, register_model
     from tests.feedback_factory import seed_feedback
@@ -260,7 +260,7 @@ def one_cycle(model_dir: Path, work: Path, device: str, conversations: int, epis
     app = make_app(instance)
     register_model(app, model_dir)
     events = seed_feedback(app, conversations, "polite")
-    env = {**os.environ, "RLHF_INSTANCE_DIR": str(instance), "RLHF_DEVICE": device}
+    env = {**os.environ, **(env or {}), "RLHF_INSTANCE_DIR": str(instance), "RLHF_DEVICE": device}
     if episodes:
         env["RLHF_PPO_EPISODES"] = str(episodes)
     if reward_steps:  # the reward model and the gate's judge: this many optimisation steps each
@@ -314,8 +314,9 @@ def analyse(result: dict) -> dict:
     if len(sizes) >= 2:
         params = [result["sizes"][s]["parameters"] for s in sizes]
         for stage in ("reward", "policy", "judge", "evaluate"):
-            fits[f"{stage}_s_vs_parameters"] = fit_power(params, [result["sizes"][s]["cycle"]["timings_s"][stage]
-                                                                  for s in sizes])
+            ys = [result["sizes"][s]["cycle"]["timings_s"][stage] for s in sizes]
+            if all(ys):  # the judge is not trained on too few held-out pairs
+                fits[f"{stage}_s_vs_parameters"] = fit_power(params, ys)
         for phase in PHASES:
             ys = [result["sizes"][s]["cycle"]["ppo_phases_s"].get(phase, 0) for s in sizes]
             if all(ys):
@@ -350,8 +351,8 @@ def analyse(result: dict) -> dict:
         extrapolations["124m_per_episode_s"] = round(per_episode, 3)
         if "policy_s_vs_parameters" in fits:
             ratio = TARGET_1B / big["parameters"]
-            scale = {st: ratio ** fits[f"{st}_s_vs_parameters"]["exponent"] for st in ("reward", "policy", "judge",
-                                                                                      "evaluate")}
+            scale = {st: ratio ** fits[f"{st}_s_vs_parameters"]["exponent"] if f"{st}_s_vs_parameters" in fits
+                     else ratio for st in ("reward", "policy", "judge", "evaluate")}
             # at least linear in parameters: the small sizes are dominated by fixed per-step overheads,
             # which would make a fitted exponent below 1 understate a model that is compute-bound
             lin = {st: max(s, ratio) for st, s in scale.items()}
@@ -395,7 +396,9 @@ def main() -> None:
     ap.add_argument("--volumes", nargs="*", type=int, default=[100, 200, 400, 800],
                     help="feedback events of the volume sweep (embedded model, default settings)")
     ap.add_argument("--parts", nargs="+", default=["serving", "memory", "cycle", "volume", "episodes"],
-                    choices=["serving", "memory", "cycle", "volume", "episodes"])
+                    choices=["serving", "memory", "cycle", "volume", "episodes", "critic"],
+                    help="critic (not in the default): one LoRA cycle with PPO's value model trained in all its "
+                         "weights and one with it as a LoRA adapter, same data and seed")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -432,6 +435,18 @@ def main() -> None:
             say(f"  memory: RSS {m['0']['rss_mib']} MiB alone, +{m['1']['extra_rss_mib_per_variant']} MiB with 1 "
                 f"LoRA version, +{m['3']['extra_rss_mib_per_variant']} MiB each with 3 (adapter file "
                 f"{m['adapter_file_mib']} MiB)")
+        if "critic" in args.parts:  # PPO's value model trained in all its weights vs as a LoRA adapter
+            runs = {name: one_cycle(model_dir, work, args.device, args.conversations, args.episodes,
+                                    reward_steps=args.reward_steps, env={"RLHF_TRAINING_POLICY_LORA_VALUE": flag})
+                    for name, flag in (("full_critic", "0"), ("lora_critic", "1"))}
+            full, lora = runs["full_critic"], runs["lora_critic"]
+            runs["policy_s_ratio"] = round(lora["timings_s"]["policy"] / full["timings_s"]["policy"], 3)
+            runs["backward_s_ratio"] = round(lora["ppo_phases_s"]["backward"] / full["ppo_phases_s"]["backward"], 3)
+            runs["peak_rss_ratio"] = round(max(lora["peak_rss_mb"].values()) / max(full["peak_rss_mb"].values()), 3)
+            entry["critic"] = runs
+            say(f"  critic: full {full['timings_s']['policy']} s / peak {max(full['peak_rss_mb'].values())} MB; "
+                f"LoRA {lora['timings_s']['policy']} s / peak {max(lora['peak_rss_mb'].values())} MB; policy stage "
+                f"x{runs['policy_s_ratio']}, backward x{runs['backward_s_ratio']}, peak RSS x{runs['peak_rss_ratio']}")
         if "cycle" in args.parts:
             entry["cycle"] = c = one_cycle(model_dir, work, args.device, args.conversations, args.episodes,
                                             reward_steps=args.reward_steps)

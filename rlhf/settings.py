@@ -97,6 +97,8 @@ class PolicySettings:
     lora: bool = knob(False, "train a LoRA adapter (served on the base's shared weights) instead of all weights")
     lora_r: int = knob(16, "LoRA rank", low=1)
     lora_merge: bool = knob(False, "with lora: save the merged model instead of the adapter")
+    lora_value: bool = knob(True, "with lora: PPO's value model (critic) trains a LoRA adapter and its score head "
+                            "instead of all its weights")
     seed: int = knob(0, "training seed", low=0)
 
     def validate(self) -> "PolicySettings":

@@ -86,6 +86,19 @@ def test_ppo_changes_the_policy_and_raises_its_reward(micro_model_dir, reward_di
     assert mean_reward(out, rm_path) > mean_reward(micro_model_dir, rm_path) + 0.1
 
 
+def test_ppo_with_a_lora_critic_still_learns_its_values_and_rewards(micro_model_dir, reward_dir, tmp_path):
+    """With lora, PPO's value model is a LoRA adapter plus its score head (lora_value, the default).
+    Its value loss must still fall and the rollouts' reward rise as with a critic trained in full
+    (measured: value loss 6.08 -> 1.59 full, 3.91 -> 1.24 LoRA; scores -1.29 -> 0.54 / 0.53)."""
+    rm_path, _ = reward_dir
+    settings = PolicySettings(**{**MICRO_POLICY.__dict__, "episodes": 256, "lora": True, "lora_r": 8})
+    assert settings.lora_value
+    metrics = train_ppo(micro_model_dir, rm_path, prompts(), tmp_path / "lora-critic", settings, device="cpu")
+    assert metrics["lora_value"] is True
+    assert metrics["loss/value_avg"]["last"] < 0.5 * metrics["loss/value_avg"]["first"]
+    assert metrics["objective/scores"]["last"] > metrics["objective/scores"]["first"] + 1.0
+
+
 def test_ppo_with_lora_saves_the_adapter_on_its_parent(micro_model_dir, reward_dir, tmp_path):
     import json
 
