@@ -151,6 +151,11 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
         ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
         rows.append({"input_ids": list(ids)[-max_prompt:]})
     dataset = Dataset.from_list(rows)
+    # TRL's PPO repeats a drop_last loader until it has its episodes: with fewer prompts than one
+    # batch (per process) it yields no batch and the loop never ends
+    if len(rows) < settings.batch_size * distributed.world_size():
+        raise ValueError(f"PPO needs at least one batch of prompts per process: {len(rows)} prompts, batch size "
+                         f"{settings.batch_size} x {distributed.world_size()} process(es)")
 
     episodes = settings.episodes
     if settings.max_steps:

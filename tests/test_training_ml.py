@@ -99,6 +99,13 @@ def test_ppo_with_a_lora_critic_still_learns_its_values_and_rewards(micro_model_
     assert metrics["objective/scores"]["last"] > metrics["objective/scores"]["first"] + 1.0
 
 
+def test_ppo_refuses_fewer_prompts_than_a_batch_instead_of_looping_forever(micro_model_dir, reward_dir, tmp_path):
+    rm_path, _ = reward_dir  # MICRO_POLICY's batch is 8 prompts: TRL's loader would never yield one
+    with pytest.raises(ValueError, match="PPO needs at least one batch of prompts per process: 4 prompts"):
+        train_ppo(micro_model_dir, rm_path, prompts(4), tmp_path / "ppo", MICRO_POLICY, device="cpu")
+    assert not (tmp_path / "ppo").exists()
+
+
 def test_ppo_with_lora_saves_the_adapter_on_its_parent(micro_model_dir, reward_dir, tmp_path):
     import json
 
