@@ -174,7 +174,17 @@ def test_aa_experiment_on_the_real_app_is_never_promoted(two_versions, micro_mod
         if i % 6 == 5:
             with app.app_context():
                 looks.append(sched.monitor_tick())
-    assert [look["action"] for look in looks] == ["wait"] * len(looks), looks
+            if looks[-1]["action"] != "wait":
+                break
+    # Never promoted. Which users land in which arm depends on the experiment's time-stamped key, so
+    # an early retirement of the identical variant (a false alarm that keeps the control; its rate at
+    # this look frequency is what benchmarks/ab_validity.py measures: 3.5 %) happens in some runs.
+    assert all(look["action"] == "wait" for look in looks[:-1]) and looks[-1]["action"] in ("wait", "retire"), looks
+    if looks[-1]["action"] == "retire":
+        with app.app_context():
+            assert {v.name: v.status for v in db.session.scalars(db.select(ModelVersion))} == \
+                {"v1-base": "active", "v2-ppo": "retired"}
+        return
     with app.app_context():
         exp = db.session.scalars(db.select(Experiment)).one()
         data = experiment_metrics(exp)
