@@ -29,7 +29,7 @@ import threading
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from transformers import DynamicCache, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
@@ -410,18 +410,24 @@ class _Batcher:
         return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
 
 
-_BATCHERS_LOCK = threading.Lock()
+_WORKERS_LOCK = threading.Lock()
+
+
+def worker_of(model: Any, key: str, make: Callable[[Any], Any]) -> Any:
+    """``model``'s worker stored under ``key``, made by ``make(model)`` on first use (once, also when
+    several threads ask at the same time)."""
+    found = model.__dict__.get(key)
+    if found is None:
+        with _WORKERS_LOCK:
+            found = model.__dict__.get(key)
+            if found is None:
+                found = model.__dict__[key] = make(model)
+    return found
 
 
 def batcher_for(loaded: LoadedModel) -> _Batcher:
     """The generation worker of ``loaded`` (one per loaded model, created on first use)."""
-    found = loaded.__dict__.get("_batcher")
-    if found is None:
-        with _BATCHERS_LOCK:
-            found = loaded.__dict__.get("_batcher")
-            if found is None:
-                found = loaded.__dict__["_batcher"] = _Batcher(loaded)
-    return found
+    return worker_of(loaded, "_batcher", _Batcher)
 
 
 def batch_stats(loaded: LoadedModel) -> BatchStats:

@@ -35,7 +35,7 @@ import torch
 from ..adapters import base_of, is_adapter
 from ..chat_format import prepare_tokenizer
 from ..loading import ModelLoadError
-from .batcher import DEFAULT_TOP_K, BatchStats, _Done, _Row
+from .batcher import DEFAULT_TOP_K, BatchStats, _Done, _Row, worker_of
 from .pool import GenerationSettings, LoadedModel
 
 CONNECT_TIMEOUT_S = 5.0
@@ -361,18 +361,9 @@ class RemoteWorker:
             resp.close()
 
 
-_WORKERS_LOCK = threading.Lock()
-
-
 def remote_worker(model: RemoteModel) -> RemoteWorker:
     """The worker of ``model`` (one per model, created on first use)."""
-    found = model.__dict__.get("_worker")
-    if found is None:
-        with _WORKERS_LOCK:
-            found = model.__dict__.get("_worker")
-            if found is None:
-                found = model.__dict__["_worker"] = RemoteWorker(model)
-    return found
+    return worker_of(model, "_worker", RemoteWorker)
 
 
 def wait_ready(url: str, timeout: float, proc: Any = None) -> list[dict[str, Any]]:
