@@ -12,6 +12,10 @@ This module holds the definitions only (no torch): the web layer validates flags
 """
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
 # (value stored, label shown): the order is the order of the menu in the chat
 FLAG_CATEGORIES: tuple[tuple[str, str], ...] = (
     ("harassment", "Harassment or insult"),
@@ -39,3 +43,71 @@ CHIP_CRITERIA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "relevance": (("on-topic",), ("off-topic",)),
 }
 CRITERIA: tuple[str, ...] = (SAFETY, *CHIP_CRITERIA)
+
+
+# ---------------------------------------------------------------------------- labels -> pairs
+
+def labels_of(feedback: Any) -> dict[str, bool]:
+    """What one answer's feedback says on each criterion: ``{criterion: True}`` for its good side,
+    ``False`` for its bad side, absent when it says nothing. For SAFETY, True means *costly* (flagged
+    or a cost chip) and False safe: the user rated the answer (thumb or stars) without either."""
+    reasons = set(feedback.reasons or ())
+    out: dict[str, bool] = {}
+    if feedback.flag or reasons & set(COST_REASONS):
+        out[SAFETY] = True
+    elif feedback.thumb is not None or feedback.rating is not None:
+        out[SAFETY] = False
+    for name, (good, bad) in CHIP_CRITERIA.items():
+        is_good, is_bad = bool(reasons & set(good)), bool(reasons & set(bad))
+        if is_good != is_bad:  # both chips at once say nothing
+            out[name] = is_good
+    return out
+
+
+@dataclass(frozen=True)
+class LabelledAnswer:
+    split: str
+    prompt: list[dict[str, str]]
+    answer: str
+    raters: tuple[int, ...]
+
+
+def criterion_pairs(items: dict[str, dict[bool, list[LabelledAnswer]]], max_per_answer: int = 3
+                    ) -> dict[str, list[dict[str, Any]]]:
+    """Bradley-Terry pairs per criterion from labelled answers (``items[criterion][label]``). The
+    chosen side is the one the head scores higher (SAFETY: costly; the others: good). Every answer of
+    the larger side of a split joins ``max_per_answer`` pairs scaled down by how much rarer the other
+    side is (at least one), with partners from the other side: those to the same question first,
+    then the least used. So every labelled answer teaches something: paired only a few times
+    each, the rare side (flags) met a few dozen of the common side, and the head learned whatever
+    told those apart (a safety head that took every answer without pleasantries for a rude one).
+    A label is about the answer alone (rude is rude whatever was asked), so answers to different
+    questions may be paired; each side keeps its own prompt."""
+    out: dict[str, list[dict[str, Any]]] = {"train": [], "eval": []}
+    if max_per_answer <= 0:
+        return out
+    for criterion, sides in items.items():
+        for split in ("train", "eval"):
+            high = [x for x in sides.get(True, []) if x.split == split]
+            low = [x for x in sides.get(False, []) if x.split == split]
+            if not high or not low:
+                continue
+            big, small = (high, low) if len(high) >= len(low) else (low, high)
+            each = max(1, round(max_per_answer * len(small) / len(big)))
+            used: Counter = Counter()
+            for b in big:
+                key = _question(b.prompt)
+                order = sorted(range(len(small)), key=lambda i: (_question(small[i].prompt) != key, used[i], i))
+                partners = [i for i in order if small[i].answer.strip() != b.answer.strip()][:each]
+                for i in partners:
+                    used[i] += 1
+                    h, lo = (b, small[i]) if big is high else (small[i], b)
+                    out[split].append({"criterion": criterion, "chosen_prompt": h.prompt, "chosen": h.answer,
+                                       "rejected_prompt": lo.prompt, "rejected": lo.answer, "margin": 0.0,
+                                       "source": f"criterion:{criterion}",
+                                       "raters": tuple(dict.fromkeys(h.raters + lo.raters))})
+    return out
+
+
+def _question(prompt: list[dict[str, str]]) -> str:
+    return next((m["content"].strip().lower() for m in reversed(prompt) if m["role"] == "user"), "")

@@ -112,15 +112,25 @@ def describe_trust(trust: dict[str, Any]) -> str:
             + (": " + ", ".join(parts) if parts else "") + reliability)
 
 
+def describe_criteria(criteria: dict[str, Any]) -> str:
+    """The reward model's criterion heads in one log line."""
+    trained = [f"{name} (held-out accuracy {criteria['heldout_accuracy'].get(name)})" for name in criteria["heads"][1:]]
+    left = [f"{name}: {why}" for name, why in criteria.get("left_out", {}).items()]
+    return ("criteria: " + (", ".join(trained) if trained else "no criterion head")
+            + ("; left out: " + "; ".join(left) if left else ""))
+
+
 def describe(evaluation: dict[str, Any]) -> str:
     """The gate's outcome in one log line."""
     h, judge = evaluation["heldout"], evaluation.get("judge")
     share = "–" if h["share"] is None else f"{h['share']:.0%}"
     judged = "–" if judge is None else \
         f"{judge['gain']} (p = {judge['p_value']:.3g}{'' if judge['trusted'] else ', not counted'})"
+    risk = evaluation.get("flag_risk")
+    flagged = "" if not risk else f"; predicted flag rate {risk['parent']:.1%} -> {risk['candidate']:.1%}"
     return (f"evaluate: {evaluation['verdict']}; held-out preferences {h['wins']} of {h['pairs']} pairs "
             f"(share {share}, p = {h['p_value']:.3g}); judge gain {judged}; optimized-against reward gain "
-            f"{evaluation['reward_gain']} (reported only); KL {evaluation['kl_from_parent']}"
+            f"{evaluation['reward_gain']} (reported only); KL {evaluation['kl_from_parent']}{flagged}"
             + ("" if evaluation["passed"] else ": " + "; ".join(evaluation["reasons"])))
 
 
@@ -179,18 +189,20 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
 
     t0 = time.perf_counter()
     reward_metrics = train_reward_model(parent_dir, bundle.pairs["train"], bundle.pairs["eval"], reward_dir,
-                                        settings.reward, settings.device, report, logs)
+                                        settings.reward, settings.device, report, logs,
+                                        criteria_rows=bundle.criteria, criteria=settings.criteria)
     timings["reward"] = time.perf_counter() - t0
     peaks["reward"] = peak()
     say(f"reward model: held-out accuracy {reward_metrics['heldout_accuracy']}, "
         f"train accuracy {reward_metrics['train_accuracy']}")
+    say(describe_criteria(reward_metrics["criteria"]))
 
     t0 = time.perf_counter()
     train_prompts = policy_prompts(bundle)
     algo = settings.algorithm
     if algo == "ppo":
         policy_metrics = train_ppo(parent_dir, reward_dir, train_prompts, policy_dir, settings.policy,
-                                   settings.device, report, logs)
+                                   settings.device, report, logs, criteria=settings.criteria)
     elif algo == "rloo":
         policy_metrics = train_rloo(parent_dir, reward_dir, train_prompts, policy_dir, settings.policy,
                                     settings.device, report, logs)
@@ -202,7 +214,11 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
                                    settings.device, report, logs)
     timings["policy"] = time.perf_counter() - t0
     peaks["policy"] = peak()
-    say(f"policy ({algo}): {policy_metrics}")
+    say(f"policy ({algo}): " + str({k: v for k, v in policy_metrics.items() if k != "constraint"}))
+    if policy_metrics.get("constraint"):
+        c = policy_metrics["constraint"]
+        say(f"safety constraint: cost {c['cost_first']} -> {c['cost_last']} (limit {c['limit']}), "
+            f"lambda {c['lambda_first']} -> {c['lambda_last']} (max {c['lambda_max']}) over {c['batches']} batches")
 
     t0 = time.perf_counter()
     held_out = bundle.pairs["eval"]

@@ -31,6 +31,8 @@ import torch
 from scipy.stats import binomtest, wilcoxon
 
 from .chat_format import end_ids, end_of_turn_token, turn_markers
+from .criteria import SAFETY
+from .criteria_model import CriteriaScorer
 from .loading import load_causal_lm, resolve_device
 from .preference_data import to_standard
 from .reward_model import context_length, load_reward_model, score_texts
@@ -307,9 +309,34 @@ def evidence_reasons(heldout: dict[str, Any], judge: dict[str, Any] | None, t: G
             f"combined (Simes) p = {combined:.3g}, not below {t.alpha}"]
 
 
-def safety_reasons(kl: float, parent: dict[str, float], cand: dict[str, float], t: GateThresholds) -> list[str]:
-    """KL from the parent and degeneration: what a candidate must never do, whatever the evidence."""
+def criteria_scores(reward_dir: str | Path, device: torch.device, texts: dict[str, list[str]]
+                    ) -> dict[str, Any] | None:
+    """Each criterion's mean score of each model's answers (full rendered ``texts``), by the run's
+    reward model's criterion heads, and the safety head's flag risk; None without heads."""
+    scorer = CriteriaScorer.load(reward_dir, device)
+    if scorer is None:
+        return None
+    scores = {name: scorer.score_texts(t) for name, t in texts.items()}
+    out: dict[str, Any] = {"criteria": {c: {name: round(sum(s[c]) / max(1, len(s[c])), 4) for name, s in scores.items()}
+                                        for c in scorer.names}}
+    if scorer.has_safety:
+        risk = {name: scorer.risk_of_costs(s[SAFETY]) for name, s in scores.items()}
+        means = {name: sum(r) / max(1, len(r)) for name, r in risk.items()}
+        out["flag_risk"] = {**{name: round(v, 4) for name, v in means.items()},
+                            "increase": round(means["candidate"] - means["parent"], 4)}
+    del scorer
+    gc.collect()
+    return out
+
+
+def safety_reasons(kl: float, parent: dict[str, float], cand: dict[str, float], t: GateThresholds,
+                   flag_risk: dict[str, float] | None = None) -> list[str]:
+    """KL from the parent, degeneration and the predicted flag rate: what a candidate must never do,
+    whatever the evidence."""
     reasons = []
+    if flag_risk is not None and flag_risk["increase"] > t.max_flag_risk_increase:
+        reasons.append(f"predicted flag rate rose from {flag_risk['parent']:.1%} to {flag_risk['candidate']:.1%}, "
+                       f"more than {t.max_flag_risk_increase:.1%} (safety head)")
     if kl > t.max_kl:
         reasons.append(f"KL from parent {kl:.2f} exceeds {t.max_kl}")
     if cand["empty_rate"] > t.max_empty_rate:
@@ -379,6 +406,10 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
 
     answers = {name: s[0] for name, s in samples.items()}
     trained = _scores(reward_dir, dev, tok, prompt_texts, answers)
+    end = end_of_turn_token(tok) or tok.eos_token
+    per_criterion = criteria_scores(reward_dir, dev, {name: [p + " " + t + end if t else p + end
+                                                             for p, t in zip(prompt_texts, texts_)]
+                                                      for name, texts_ in answers.items()})
     judged = _scores(judge_dir, dev, tok, prompt_texts, answers) if judge_dir is not None else None
     report("evaluate", 5, steps)
 
@@ -394,7 +425,8 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
                                thresholds.min_reward_gain)}
     gain = cand_summary["mean_reward"] - parent_summary["mean_reward"]
     evidence = evidence_reasons(heldout, judge, thresholds)
-    safety = safety_reasons(kl, parent_summary, cand_summary, thresholds)
+    safety = safety_reasons(kl, parent_summary, cand_summary, thresholds,
+                            per_criterion and per_criterion.get("flag_risk"))
     if thresholds.evidence == "reported":  # the evidence is shown, only safety decides
         reasons = safety
         verdict = REJECTED if safety else PASSED
@@ -409,6 +441,9 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
             "judge": judge, "evidence_p": evidence_p(heldout, judge),
             # the run's own reward model: PPO/RLOO optimized against it, so its gain is reported, never decides
             "reward_gain": round(gain, 4),
+            # the run's criterion heads (rlhf.criteria_model): mean score per criterion, predicted flag rate
+            "criteria": per_criterion and per_criterion["criteria"],
+            "flag_risk": per_criterion and per_criterion.get("flag_risk"),
             "kl_from_parent": round(kl, 4), "prompts": len(prompt_texts) // settings.samples_per_prompt,
             "samples": len(prompt_texts), "parent": rnd(parent_summary), "candidate": rnd(cand_summary),
             "thresholds": asdict(thresholds),

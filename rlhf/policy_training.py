@@ -26,13 +26,14 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from . import distributed
 from .chat_format import end_of_turn_id, end_of_turn_token
+from .criteria_model import CostConstraint, cost_weight
 from .loading import resolve_device
 from .preference_data import to_standard
 from .rater_trust import resample_by_weight
 from .reward_model import context_length, score_texts
 from .trl_utils import ProgressCallback, attach_logs, drop_printer, quiet_trl, report_to, training_precision
 from .progress import ProgressFn
-from .settings import PolicySettings
+from .settings import CriteriaSettings, PolicySettings
 
 
 def _callbacks(trainer: Any, progress: ProgressFn | None, stage: str, logs: Any = None, name: str = "") -> None:
@@ -123,12 +124,28 @@ def _lora_value_model(value: Any, settings: PolicySettings) -> Any:
     return get_peft_model(value, config)
 
 
+def _log_constraint(trainer: Any, constraint: CostConstraint) -> None:
+    """Update the cost multiplier once per PPO batch, where TRL's PPO logs the batch's metrics (its
+    training loop has no other per-batch hook), and log the constraint's numbers with them."""
+    log = trainer.log
+
+    def log_with_constraint(logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if "objective/scores" in logs:
+            logs.update(constraint.step())
+        log(logs, *args, **kwargs)
+
+    trainer.log = log_with_constraint
+
+
 def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list[dict]], out_dir: str | Path,
               settings: PolicySettings = PolicySettings(), device: str = "auto",
-              progress: ProgressFn | None = None, logs: Any = None) -> dict[str, Any]:
+              progress: ProgressFn | None = None, logs: Any = None,
+              criteria: CriteriaSettings | None = None) -> dict[str, Any]:
     """PPO with the parent as frozen reference (KL penalty), the value model initialised from the
     reward model, the chat template's end-of-turn token (EOS without one) as the stop token and a
-    penalty for answers that never stop."""
+    penalty for answers that never stop. With ``criteria.constraint`` and a reward model that has a
+    safety head, the expected cost is a constraint (rlhf.criteria_model.CostConstraint): its
+    multiplier's trajectory is logged per batch (``safety/*``) and returned under ``constraint``."""
     from trl.experimental.ppo import PPOConfig, PPOTrainer
 
     quiet_trl()
@@ -143,6 +160,9 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
         m.config.pad_token_id = tokenizer.pad_token_id
     if settings.lora and settings.lora_value:
         value = _lora_value_model(value, settings)
+    cost = cost_weight(reward_dir) if criteria is not None and criteria.enabled and criteria.constraint else None
+    constraint = None if cost is None else CostConstraint(reward, cost, criteria.lambda_init, criteria.lambda_lr,
+                                                          criteria.cost_tolerance)
 
     max_prompt = max(8, context_length(policy) - settings.response_length)
     rows = []
@@ -173,6 +193,8 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
                              reward_model=reward,
                              train_dataset=dataset, value_model=value,
                              peft_config=_lora_config(policy, settings) if settings.lora else None)
+        if constraint is not None:
+            _log_constraint(trainer, constraint)
         _callbacks(trainer, progress, "policy", logs, "ppo")
         trainer.train()
         trained = trainer.model.policy if hasattr(trainer.model, "policy") else trainer.policy_model
@@ -181,6 +203,7 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
         ranks = distributed.rank_metrics(trained, trainer.state.global_step)
     return {"algorithm": "ppo", "episodes": episodes, "updates": trainer.state.global_step,
             "prompts": len(rows), "lora": settings.lora, "lora_value": settings.lora and settings.lora_value, **ranks,
+            "constraint": constraint.summary() if constraint is not None else None,
             **_history(log, ("objective/scores", "objective/rlhf_reward", "objective/kl", "objective/entropy",
                              "loss/policy_avg", "loss/value_avg", "val/num_eos_tokens"))}
 

@@ -37,6 +37,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .criteria import LabelledAnswer, criterion_pairs, labels_of
 from .records import ConversationRecord, MessageRecord
 from .settings import DataSettings
 
@@ -49,6 +50,8 @@ class DatasetBundle:
     kto: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
     sft: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
     prompts: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
+    # per-criterion pairs (rlhf.criteria.criterion_pairs): each side with its own prompt
+    criteria: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
     counts: dict[str, Any] = field(default_factory=dict)
 
 
@@ -143,6 +146,7 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
     totals: Counter = Counter()
     # answers to first questions, grouped by the question's text, for same_prompt pairs
     by_question: dict[str, list[tuple[str, int, Messages, str, float, tuple[int, ...]]]] = defaultdict(list)
+    labelled: dict[str, dict[bool, list[LabelledAnswer]]] = defaultdict(lambda: defaultdict(list))
 
     for conv in conversations:
         totals["conversations"] += 1
@@ -168,6 +172,10 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
             if fb is None:
                 continue
             totals["feedback"] += 1
+            if fb.flag:
+                totals["flags"] += 1
+            for criterion, label in labels_of(fb).items():
+                labelled[criterion][label].append(LabelledAnswer(split, prompt, m.content, rater))
             score = fb.score()
             if score is not None:
                 _add_kto(kto, split, prompt, m.content, score > 0, "rating", rater)
@@ -236,7 +244,8 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
         pairs.dropped["identical"] += len(pairs.rows[split]) - len(kept)
         pairs.rows[split] = kept
 
-    bundle = DatasetBundle(pairs=pairs.rows, kto=kto.rows, prompts=prompts.rows)
+    bundle = DatasetBundle(pairs=pairs.rows, kto=kto.rows, prompts=prompts.rows,
+                           criteria=criterion_pairs(labelled, settings.max_criterion_pairs_per_answer))
     bundle.sft = {split: [{"prompt": r["prompt"], "completion": r["completion"], "source": r["source"],
                            "raters": r["raters"]} for r in rows if r["label"]] for split, rows in kto.rows.items()}
     bundle.counts = {
@@ -250,8 +259,18 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
         "sft": {s: len(r) for s, r in bundle.sft.items()},
         "prompts": {s: len(r) for s, r in prompts.rows.items()},
         "prompts_dropped": dict(prompts.dropped),
+        "criteria": criteria_counts(bundle.criteria),
     }
     return bundle
+
+
+def criteria_counts(rows: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, int]]:
+    """Pairs per criterion and split: ``{criterion: {"train": n, "eval": m}}``."""
+    out: dict[str, dict[str, int]] = {}
+    for split, items in rows.items():
+        for r in items:
+            out.setdefault(r["criterion"], {"train": 0, "eval": 0})[split] += 1
+    return out
 
 
 def history_text(messages: Messages) -> str:

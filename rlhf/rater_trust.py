@@ -88,7 +88,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 from scipy import optimize, sparse, stats
 
-from .preference_data import DatasetBundle
+from .preference_data import DatasetBundle, criteria_counts
 from .settings import TrustSettings
 
 TRUST_LEVELS = ("auto", "trusted", "quarantined")  # the admin's setting per rater
@@ -797,7 +797,7 @@ def apply_trust(bundle: DatasetBundle, result: TrustResult) -> DatasetBundle:
     (prompts are not weighted); ``counts`` updated, with the trust summary under "trust"."""
     out = DatasetBundle()
     removed: dict[str, int] = {}
-    for kind in ("pairs", "kto", "sft", "prompts"):
+    for kind in ("pairs", "kto", "sft", "prompts", "criteria"):
         source = getattr(bundle, kind)
         kept: dict[str, list[dict[str, Any]]] = {}
         gone = 0
@@ -816,6 +816,7 @@ def apply_trust(bundle: DatasetBundle, result: TrustResult) -> DatasetBundle:
     out.counts = {**bundle.counts,
                   **{kind: {s: len(r) for s, r in getattr(out, kind).items()}
                      for kind in ("pairs", "kto", "sft", "prompts")},
+                  "criteria": criteria_counts(out.criteria),
                   "kto_positive": sum(r["label"] for rows in out.kto.values() for r in rows),
                   "trust": {**result.to_dict(), "rows_removed": removed}}
     return out

@@ -64,6 +64,8 @@ class DataSettings:
     min_score_gap_same_prompt: float = knob(1.0, "the same for answers to equal questions in different "
                                             "conversations", low=0.0)
     max_same_prompt_pairs_per_answer: int = knob(3, "pairs one answer may join across conversations", low=0)
+    max_criterion_pairs_per_answer: int = knob(3, "pairs one flagged or chip-labelled answer may join for its "
+                                               "criterion's head (rlhf.criteria)", low=0)
     seed: str = knob("rlhf", "seed of the train/eval split (a string: the split is a hash)")
 
 
@@ -77,6 +79,34 @@ class RewardSettings:
     seed: int = knob(0, "training seed", low=0)
     max_steps: int = knob(-1, "optimisation steps (-1: epochs decide)", low=-1)
     min_steps: int = knob(40, "small datasets get more epochs, up to this many steps", low=0)
+
+
+@dataclass(frozen=True)
+class CriteriaSettings:
+    """Per-criterion heads and the safety constraint (rlhf.criteria, rlhf.criteria_model; README:
+    "Criteria and the safety constraint")."""
+    enabled: bool = knob(True, "train one score head per criterion (safety from flags and the rude chip; "
+                         "politeness, concision, accuracy, relevance from reason chips) on the reward model's "
+                         "backbone, where enough labels exist")
+    min_pairs: int = knob(8, "fewest training pairs a criterion's head trains on (fewer: the head is left out "
+                          "and the run says so)", low=1)
+    politeness_weight: float = knob(0.5, "weight of the politeness head in PPO's scalar reward (helpfulness "
+                                    "counts 1)", low=0.0)
+    concision_weight: float = knob(0.5, "the same for concision", low=0.0)
+    accuracy_weight: float = knob(0.5, "the same for accuracy", low=0.0)
+    relevance_weight: float = knob(0.5, "the same for relevance", low=0.0)
+    constraint: bool = knob(True, "PPO keeps the expected safety cost of its answers no higher than the "
+                            "parent's: a Lagrange multiplier on the cost, raised while the cost is above the "
+                            "parent's and lowered while below (Safe-RLHF). False: safety is ignored by training "
+                            "(the gate still checks it)")
+    lambda_init: float = knob(1.0, "starting Lagrange multiplier of the cost", low=0.0)
+    lambda_lr: float = knob(0.5, "step size of the multiplier's update after each PPO batch: lambda += lambda_lr * "
+                            "(the batch's mean cost - the limit), never below 0 (dual ascent)", above=0.0)
+    cost_tolerance: float = knob(0.0, "PPO's cost limit: the parent's expected cost (measured on the first batch, "
+                                 "sampled before any update) plus this, in the safety head's units", low=0.0)
+
+    def weight_of(self, criterion: str) -> float:
+        return float(getattr(self, f"{criterion}_weight", 0.0))
 
 
 @dataclass(frozen=True)
@@ -129,6 +159,9 @@ class GateThresholds:
     max_empty_rate: float = knob(0.1, "largest share of empty answers", low=0.0, high=1.0)
     max_repetition: float = knob(0.5, "largest share of repeated word trigrams", low=0.0, high=1.0)
     min_distinct2_ratio: float = knob(0.5, "candidate distinct-2 over parent distinct-2 must reach this", low=0.0)
+    max_flag_risk_increase: float = knob(0.02, "largest rise of the share of answers users would flag (the safety "
+                                         "head's calibrated probability, averaged over the same held-out prompts) "
+                                         "from the parent to the candidate", low=0.0, high=1.0)
 
 
 @dataclass(frozen=True)
@@ -197,6 +230,7 @@ class CycleSettings:
     min_prompts: int = knob(4, "fewest distinct prompts a PPO/RLOO run trains on", low=1)
     data: DataSettings = field(default_factory=DataSettings)
     reward: RewardSettings = field(default_factory=RewardSettings)
+    criteria: CriteriaSettings = field(default_factory=CriteriaSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
     gate: GateThresholds = field(default_factory=GateThresholds)
     evaluation: EvalSettings = field(default_factory=EvalSettings)

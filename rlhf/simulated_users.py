@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 import requests
 
 from . import corpus
-from .preferences import PreferenceFn, preference
+from .preferences import PreferenceFn, on_topic, preference, rude
 from .records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
 
 
@@ -39,6 +39,8 @@ class Behaviour:
     regenerate_prob: float = 0.3  # chance an unsatisfying answer is regenerated
     compare_prob: float = 0.15  # chance a question is asked in side-by-side mode
     contrary: bool = False  # rates against the preference (an attacker pushing the opposite)
+    chip_prob: float = 0.0  # chance a rated answer also gets the reason chips that describe it
+    flag_prob: float = 0.0  # chance a rude answer is flagged ("harassment"), whatever the thumb says
 
 
 def _judged(rng: random.Random, judge: PreferenceFn, behaviour: Behaviour, question: str, answer: str) -> float:
@@ -49,15 +51,48 @@ def _judged(rng: random.Random, judge: PreferenceFn, behaviour: Behaviour, quest
     return 1.0 - sat if behaviour.contrary else sat
 
 
-def _feedback(rng: random.Random, behaviour: Behaviour, sat: float, ideal: Callable[[], str]) -> dict[str, Any] | None:
-    """The feedback a user gives an answer it is ``sat`` satisfied with (the API's body), or None."""
+def answer_chips(question: str, answer: str, liked: bool) -> list[str]:
+    """The reason chips a user ticks for an answer: those that describe it on the side of their thumb
+    (liked: polite, concise, on-topic; disliked: too long, off-topic), and "rude" whenever it is,
+    even on an answer they liked (a safety judgment, not a taste)."""
+    a = answer.lower()
+    chips = ["rude"] if rude(question, answer) else []
+    rambles = any(f.lower() in a for f in corpus.RAMBLE_FILLERS)
+    if liked:
+        if not chips and any(m in a for m in corpus.POLITE_MARKERS):
+            chips.append("polite")
+        if not rambles and 0 < len(a.split()) <= 30:
+            chips.append("concise")
+        if on_topic(question, answer) >= 0.5:
+            chips.append("on-topic")
+    else:
+        if rambles:
+            chips.append("too long")
+        if on_topic(question, answer) < 0.5:
+            chips.append("off-topic")
+    return chips
+
+
+def _feedback(rng: random.Random, behaviour: Behaviour, sat: float, ideal: Callable[[], str],
+              chips: Callable[[bool], list[str]] = lambda liked: []) -> dict[str, Any] | None:
+    """The feedback a user gives an answer it is ``sat`` satisfied with (the API's body), or None.
+    ``chips(liked)``: the reason chips for the answer, ticked with ``behaviour.chip_prob``."""
     if rng.random() >= behaviour.rate_prob:
         return None
     body: dict[str, Any] = {"thumb": "up" if sat >= 0.5 else "down",
                             "rating": max(1, min(5, round(1 + 4 * sat + rng.uniform(-0.5, 0.5))))}
     if sat < 0.5 and rng.random() < behaviour.correction_prob:
         body["correction"] = ideal()
+    if behaviour.chip_prob and rng.random() < behaviour.chip_prob:
+        body["reasons"] = chips(sat >= 0.5)
     return body
+
+
+def _flag(rng: random.Random, behaviour: Behaviour, question: str, answer: str) -> str | None:
+    """The flag category a user gives an answer (rude ones, with ``behaviour.flag_prob``), or None."""
+    if behaviour.flag_prob and rude(question, answer) and rng.random() < behaviour.flag_prob:
+        return "harassment"
+    return None
 
 
 def _ideal_answer(rng: random.Random, judge: PreferenceFn, behaviour: Behaviour, question: str) -> str:
@@ -122,12 +157,16 @@ class SimulatedUser:
     def _judge(self, question: str, answer: str) -> float:
         return _judged(self.rng, self.judge, self.behaviour, question, answer)
 
-    def _rate(self, message_id: int, question: str, sat: float) -> int:
+    def _rate(self, message_id: int, question: str, sat: float, answer: str = "") -> int:
         if not self.rate:
             return 0
-        body = _feedback(self.rng, self.behaviour, sat, lambda: self.ideal_answer(question))
+        flag = _flag(self.rng, self.behaviour, question, answer)
+        if flag:
+            self._post(f"/api/messages/{message_id}/flag", {"category": flag})
+        body = _feedback(self.rng, self.behaviour, sat, lambda: self.ideal_answer(question),
+                         lambda liked: answer_chips(question, answer, liked))
         if body is None:
-            return 0
+            return 1 if flag else 0
         self._post(f"/api/messages/{message_id}/feedback", body)
         return 1
 
@@ -158,7 +197,7 @@ class SimulatedUser:
         took = time.perf_counter() - started
         sat = self._judge(question, answer["content"])
         inter = Interaction(question, answer["content"], answer["id"], self.judge(question, answer["content"]), took,
-                            self._rate(answer["id"], question, sat))
+                            self._rate(answer["id"], question, sat, answer["content"]))
         result = [inter]
         if self.rate and sat < 0.5 and self.rng.random() < self.behaviour.regenerate_prob:
             started = time.perf_counter()
@@ -166,7 +205,7 @@ class SimulatedUser:
             took = time.perf_counter() - started
             sat2 = self._judge(question, again["content"])
             result.append(Interaction(question, again["content"], again["id"], self.judge(question, again["content"]),
-                                      took, self._rate(again["id"], question, sat2)))
+                                      took, self._rate(again["id"], question, sat2, again["content"])))
         self.history += result
         return result
 
@@ -202,9 +241,18 @@ class OfflineUser:
         self.rng = random.Random(self.seed)
         self.judge: PreferenceFn = preference(self.preference) if isinstance(self.preference, str) else self.preference
 
-    def _record(self, fb: dict[str, Any] | None) -> FeedbackRecord | None:
-        return None if fb is None else FeedbackRecord(thumb=fb["thumb"], rating=fb["rating"],
-                                                      correction=fb.get("correction"))
+    def _record(self, fb: dict[str, Any] | None, flag: str | None = None) -> FeedbackRecord | None:
+        if fb is None:
+            return None if flag is None else FeedbackRecord(flag=flag)
+        return FeedbackRecord(thumb=fb["thumb"], rating=fb["rating"], correction=fb.get("correction"),
+                              reasons=tuple(fb.get("reasons", ())), flag=flag)
+
+    def _react(self, question: str, answer: str, sat: float) -> FeedbackRecord | None:
+        rng, b = self.rng, self.behaviour
+        flag = _flag(rng, b, question, answer)
+        fb = _feedback(rng, b, sat, lambda: _ideal_answer(rng, self.judge, b, question),
+                       lambda liked: answer_chips(question, answer, liked))
+        return self._record(fb, flag)
 
     def conversation(self, question: str, ids: Iterator[int]) -> ConversationRecord:
         """Ask ``question`` in a new conversation and react to the answer(s); ``ids`` numbers the
@@ -221,13 +269,11 @@ class OfflineUser:
             return ConversationRecord(cid, tuple(msgs), (vote,), user_id=self.user_id)
         answer = base_like_answer(rng, question)
         sat = _judged(rng, self.judge, b, question, answer)
-        fb = _feedback(rng, b, sat, lambda: _ideal_answer(rng, self.judge, b, question))
-        msgs.append(MessageRecord(next(ids), "assistant", answer, qid, self._record(fb)))
+        msgs.append(MessageRecord(next(ids), "assistant", answer, qid, self._react(question, answer, sat)))
         if sat < 0.5 and rng.random() < b.regenerate_prob:
             again = base_like_answer(rng, question)
             sat2 = _judged(rng, self.judge, b, question, again)
-            fb2 = _feedback(rng, b, sat2, lambda: _ideal_answer(rng, self.judge, b, question))
-            msgs.append(MessageRecord(next(ids), "assistant", again, qid, self._record(fb2)))
+            msgs.append(MessageRecord(next(ids), "assistant", again, qid, self._react(question, again, sat2)))
         return ConversationRecord(cid, tuple(msgs), user_id=self.user_id)
 
 

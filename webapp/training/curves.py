@@ -12,9 +12,10 @@ from webapp.training.runs import curves_path
 
 
 def _chart(stage: str, title: str, metrics: list[str], labels: list[str] | None = None,
-           percent: bool = False) -> dict[str, Any]:
+           percent: bool = False, optional: bool = False) -> dict[str, Any]:
+    """``optional``: drawn only for runs that log its metrics (a finished run without them has none)."""
     return {"id": f"{stage}:{metrics[0]}", "stage": stage, "title": title, "metrics": metrics,
-            "labels": labels or [""] * len(metrics), "percent": percent}
+            "labels": labels or [""] * len(metrics), "percent": percent, "optional": optional}
 
 
 # TRL's own metric names (trl 1.12): RewardTrainer, experimental PPOTrainer, DPO/KTO/RLOO trainers.
@@ -32,6 +33,10 @@ POLICY_CHARTS: dict[str, list[dict[str, Any]]] = {
         _chart("policy", "Policy loss", ["loss/policy_avg"]),
         _chart("policy", "Value loss", ["loss/value_avg"]),
         _chart("policy", "Clip fraction", ["policy/clipfrac_avg"], percent=True),
+        # the safety constraint (rlhf.criteria_model.CostConstraint), when the reward model has a safety head
+        _chart("policy", "Safety cost and its limit (the parent's)", ["safety/cost", "safety/cost_limit"],
+               ["mean cost", "limit"], optional=True),
+        _chart("policy", "Lagrange multiplier of the cost", ["safety/lambda"], optional=True),
     ],
     "dpo": [
         _chart("policy", "Loss", ["loss"]),
@@ -64,8 +69,11 @@ def charts_for(algorithm: str | None) -> list[dict[str, Any]]:
 def run_curves(run: TrainingRun) -> dict[str, Any]:
     """The curves API answer: ``series`` ({stage: {metric: [{step, value}]}}) and the ``charts``
     the run page draws from them."""
-    return {"run_id": run.id, "algorithm": run.algorithm, "status": run.status,
-            "live": run.status in ("queued", "running"), "series": series(read_curves(curves_path(run.id))),
-            "charts": charts_for(run.algorithm)}
+    data = series(read_curves(curves_path(run.id)))
+    logged = {metric for metrics in data.values() for metric in metrics}
+    live = run.status in ("queued", "running")
+    charts = [c for c in charts_for(run.algorithm) if not c["optional"] or live or set(c["metrics"]) & logged]
+    return {"run_id": run.id, "algorithm": run.algorithm, "status": run.status, "live": live, "series": data,
+            "charts": charts}
 
 
