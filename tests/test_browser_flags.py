@@ -14,7 +14,7 @@ from playwright.sync_api import expect
 from rlhf.criteria import FLAG_CATEGORIES
 from tests.accessibility import assert_accessible
 from tests.browser_checks import admin_login, assert_nothing_injected
-from tests.test_browser_chat_features import DESKTOP, chat_server, open_page, seed, show, store  # noqa: F401
+from tests.test_browser_chat_features import DESKTOP, chat_server, open_page, seed, shot, show, store  # noqa: F401
 from tests.test_browser_chat_mobile import PHONE, TAP_TARGETS
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
@@ -56,6 +56,7 @@ def test_flag_an_answer_reload_admin_sees_it_then_unflag(browser, chat_server, o
     expect(choices).to_have_count(len(FLAG_CATEGORIES))
     expect(choices.first).to_be_focused()
     assert_accessible(page, "flag menu open")
+    shot(page, "flag-menu")
     page.keyboard.press("Escape")
     expect(panel).to_be_hidden()
     expect(button).to_be_focused()
@@ -80,6 +81,7 @@ def test_flag_an_answer_reload_admin_sees_it_then_unflag(browser, chat_server, o
     expect(button).to_be_focused()
     assert flags_of(store, first) == [("hate", NOTE)]
     assert_nothing_injected(page, [], "flag note")
+    shot(page, "flagged-answer")
 
     # change it in place: the menu opens on the current category and note
     button.click()
@@ -165,6 +167,7 @@ def test_flag_menu_on_a_phone(open_page, store):  # noqa: F811
     expect(panel).to_be_visible()
     assert page.evaluate(TAP_TARGETS) == []
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    shot(page, "flag-menu-phone")
     box = panel.bounding_box()
     assert box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], box
     panel.locator(".flag-choice[data-value='personal_data']").tap()
