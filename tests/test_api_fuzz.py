@@ -33,6 +33,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rlhf.criteria import FLAG_VALUES
 from tests.conftest import ApiClient, register_model, route_sweep_app
 from webapp.core.validation import REASONS
 
@@ -84,6 +85,7 @@ FIELD_VALUES = {
     "username": st.one_of(st.from_regex(r"\A[a-z0-9][a-z0-9._-]{2,31}\Z"), TEXT),
     "password": st.one_of(st.sampled_from(["fuzz-password", "short", "x" * 201]), TEXT),
     "trust": st.sampled_from(["auto", "trusted", "quarantined", "maybe"]), "note": TEXT,
+    "category": st.one_of(st.sampled_from(FLAG_VALUES), st.sampled_from(["spam", "HATE", ""])),
 }
 QUERY_VALUES = {
     "experiment": st.one_of(st.sampled_from(["exp-draft", "exp-run"]), TEXT),
@@ -93,6 +95,7 @@ QUERY_VALUES = {
     "arm": st.sampled_from(["control", "variant", "both"]),
     "version": st.one_of(st.sampled_from(["v1-base", "v2-ppo"]), TEXT),
     "has_correction": st.sampled_from(["1", "true", "no", ""]),
+    "flag": st.sampled_from(["any", *FLAG_VALUES, "spam", ""]),
     "status": st.sampled_from(["trusted", "normal", "new", "quarantined", "unassessed", "odd", ""]),
     "trust": st.sampled_from(["auto", "trusted", "quarantined", "maybe", ""]),
     "min_events": st.sampled_from(["0", "1", "5", "-1", "x", "²", "1" * 30, ""]),
@@ -121,6 +124,8 @@ ROUTES: dict[str, dict] = {
     "chat_api.edit_message": {"caller": "owner", "base": {"content": "hi", "stream": False}},
     "chat_api.post_feedback": {"caller": "owner", "base": {"thumb": "up"},
                                "fields": ["rating", "correction", "comment", "reasons"]},
+    "chat_api.post_flag": {"caller": "owner", "base": {"category": "harassment"}, "fields": ["note"]},
+    "chat_api.delete_flag": {"caller": "owner"},
     "chat_api.compare": {"caller": "owner", "base": {"content": "hi"}, "fields": ["parent_id", "message_id"]},
     "chat_api.vote": {"caller": "owner", "base": {"winner": "a"}},
     "admin_api.metrics": {"caller": "admin", "query": ["experiment"]},
@@ -140,7 +145,8 @@ ROUTES: dict[str, dict] = {
     "admin_api.get_run_curves": {"caller": "admin"},
     "admin_api.start_run": {"caller": "admin", "base": {"algorithm": "ppo"}, "fields": ["max_steps"]},
     "admin_api.browse_feedback": {"caller": "admin",
-                                  "query": ["thumb", "rating", "version", "arm", "has_correction", "q", "page"]},
+                                  "query": ["thumb", "rating", "version", "arm", "has_correction", "flag", "q",
+                                            "page"]},
     "admin_api.export": {"caller": "admin", "query": ["format"]},
     "admin_api.audit_log": {"caller": "admin"},
     "admin_api.list_raters": {"caller": "admin",

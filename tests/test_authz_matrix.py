@@ -75,6 +75,18 @@ def chat_objects(world) -> dict:
         return {"conversation_id": conv.id, "message_id": answers[0].id, "pair_id": pair.id}
 
 
+def flagged_answer(world) -> dict:
+    """chat_objects, with the owner's flag on the answer (what a DELETE removes)."""
+    from webapp.core.extensions import db
+    from webapp.core.models import Flag
+
+    ids = chat_objects(world)
+    with world.app.app_context():
+        db.session.add(Flag(user_id=world.owner_id, message_id=ids["message_id"], category="hate"))
+        db.session.commit()
+    return ids
+
+
 def chat_question(world) -> dict:
     """chat_objects, naming the question (a user message) instead of an answer."""
     from webapp.core.extensions import db
@@ -275,6 +287,9 @@ MATRIX: dict[tuple[str, str], Row] = {
                                                          body={"content": "And pasta?", "stream": False}),
     ("POST", "/api/messages/<int:message_id>/feedback"): Row(owner_only(200), setup=chat_objects,
                                                              body={"thumb": "down", "comment": "rude"}),
+    ("POST", "/api/messages/<int:message_id>/flag"): Row(owner_only(200), setup=chat_objects,
+                                                         body={"category": "harassment", "note": "insulting"}),
+    ("DELETE", "/api/messages/<int:message_id>/flag"): Row(owner_only(200), setup=flagged_answer),
     ("POST", "/api/pairs/<int:pair_id>/vote"): Row(owner_only(200), setup=chat_objects, body={"winner": "b"}),
     # ---- admin JSON API
     ("GET", "/api/admin/metrics"): Row(admin_api(200)),

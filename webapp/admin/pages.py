@@ -11,6 +11,7 @@ from jinja2 import Undefined
 from markupsafe import Markup, escape
 from werkzeug.exceptions import NotFound
 
+from rlhf.criteria import FLAG_CATEGORIES
 from rlhf.settings import CycleSettings
 
 from webapp.admin.auth import admin_page
@@ -256,7 +257,8 @@ def feedback():
     page = feedback_page(args)
     versions = db.session.scalars(db.select(ModelVersion.name).order_by(ModelVersion.id)).all()
     filters = {k: v for k, v in args.items() if k != "page"}
-    return render_template("admin/feedback.html", page=page, filters=filters, versions=versions)
+    return render_template("admin/feedback.html", page=page, filters=filters, versions=versions,
+                           flag_categories=FLAG_CATEGORIES)
 
 
 @bp.get("/raters")

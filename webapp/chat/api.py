@@ -24,12 +24,13 @@ from webapp.chat.conversations import (add_question, answerer_dict, comparison_d
                                        message_dict, own_answer_of_visitor, own_conversation, own_message,
                                        resolve_parent, sees_arms)
 from webapp.chat.feedback import save_feedback
+from webapp.chat.flags import remove_flag, save_flag
 from webapp.core.extensions import db
 from webapp.core.identity import current_visitor
-from webapp.core.models import Comparison, Conversation, Feedback, Message, User, history, utcnow
+from webapp.core.models import Comparison, Conversation, Feedback, Flag, Message, User, history, utcnow
 from webapp.core.security import chat_limit, feedback_limit
-from webapp.core.validation import (MAX_TITLE_CHARS, bool_field, feedback_changes, json_body, message_content,
-                                    optional_id, text_field)
+from webapp.core.validation import (MAX_TITLE_CHARS, bool_field, feedback_changes, flag_fields, json_body,
+                                    message_content, optional_id, text_field)
 from webapp.experiments.assignment import assign, running_experiment
 from webapp.serving.routing import Route, generation_settings, route_for, serve
 
@@ -75,13 +76,16 @@ def get_conversation(conversation_id: int):
     ids = [m.id for m in messages]
     feedback = {f.message_id: f for f in db.session.scalars(
         db.select(Feedback).filter(Feedback.user_id == user.id, Feedback.message_id.in_(ids)))} if ids else {}
+    flags = {f.message_id: f for f in db.session.scalars(
+        db.select(Flag).filter(Flag.user_id == user.id, Flag.message_id.in_(ids)))} if ids else {}
     comparisons = db.session.scalars(db.select(Comparison).filter(Comparison.prompt_message_id.in_(ids))
                                      .order_by(Comparison.id)).all() if ids else []
     reveal = sees_arms()
     # the two sides of a compare nobody voted on yet stay "A" and "B", even to an admin
     undecided = {i for c in comparisons if c.winner is None for i in (c.message_a_id, c.message_b_id)}
     return jsonify(**conversation_summary(conv),
-                   messages=[message_dict(m, feedback.get(m.id), reveal and m.id not in undecided) for m in messages],
+                   messages=[message_dict(m, feedback.get(m.id), reveal and m.id not in undecided, flags.get(m.id))
+                             for m in messages],
                    comparisons=[comparison_dict(c) for c in comparisons])
 
 
@@ -262,6 +266,37 @@ def post_feedback(message_id: int):
     changes = feedback_changes(data)
     body = save_feedback(user_id, message_id, changes)
     return jsonify(feedback=body, message_id=message_id)
+
+
+# ---------------------------------------------------------------------------- flags
+
+def _own_answer(message_id: int) -> int:
+    """The caller's user id when ``message_id`` is an answer in one of their live conversations;
+    404 for anyone else's (as if it did not exist), 400 for one of their own questions."""
+    user = current_visitor()
+    msg = own_message(message_id, user)
+    if msg.role != "assistant":
+        raise BadRequest("Only assistant answers can be flagged ('message_id' is not an answer).")
+    return user.id
+
+
+@bp.post("/messages/<int:message_id>/flag")
+@feedback_limit
+def post_flag(message_id: int):
+    """Flag an answer as harmful (``category`` of rlhf.criteria.FLAG_CATEGORIES, optional ``note``);
+    flagging it again replaces the category and note."""
+    data = json_body({"category", "note"})
+    user_id = _own_answer(message_id)
+    category, note = flag_fields(data)
+    return jsonify(flag=save_flag(user_id, message_id, category, note), message_id=message_id)
+
+
+@bp.delete("/messages/<int:message_id>/flag")
+@feedback_limit
+def delete_flag(message_id: int):
+    """Remove the caller's flag from an answer (``removed``: whether there was one)."""
+    user_id = _own_answer(message_id)
+    return jsonify(flag=None, message_id=message_id, removed=remove_flag(user_id, message_id))
 
 
 # ---------------------------------------------------------------------------- compare

@@ -14,9 +14,11 @@ from flask import session
 from flask_login import current_user
 from werkzeug.exceptions import BadRequest, NotFound
 
+from rlhf.criteria import FLAG_CATEGORIES
+
 from webapp.core.extensions import db
 from webapp.core.identity import is_admin
-from webapp.core.models import Comparison, Conversation, Feedback, Message, User, iso
+from webapp.core.models import Comparison, Conversation, Feedback, Flag, Message, User, iso
 from webapp.core.validation import optional_id
 
 
@@ -27,18 +29,32 @@ def feedback_dict(fb: Feedback | None) -> dict[str, Any] | None:
             "reasons": fb.reasons or [], "updated_at": iso(fb.updated_at)}
 
 
+FLAG_LABELS: dict[str, str] = dict(FLAG_CATEGORIES)
+
+
+def flag_dict(flag: Flag | None) -> dict[str, Any] | None:
+    """The caller's flag on an answer as the chat API shows it (None: not flagged)."""
+    if flag is None:
+        return None
+    return {"category": flag.category, "label": FLAG_LABELS.get(flag.category, flag.category), "note": flag.note,
+            "created_at": iso(flag.created_at), "updated_at": iso(flag.updated_at)}
+
+
 def sees_arms() -> bool:
     """Whether the caller may learn which model version and A/B arm answered: admins only."""
     return is_admin()
 
 
-def message_dict(m: Message, fb: Feedback | None = None, reveal: bool = False) -> dict[str, Any]:
-    """A message as the chat API shows it. ``reveal`` (an admin, see :func:`sees_arms`) adds
-    ``model_version`` and ``arm``; without it nothing says which version or arm wrote it."""
+def message_dict(m: Message, fb: Feedback | None = None, reveal: bool = False,
+                 flag: Flag | None = None) -> dict[str, Any]:
+    """A message as the chat API shows it, with the caller's feedback and flag on an answer.
+    ``reveal`` (an admin, see :func:`sees_arms`) adds ``model_version`` and ``arm``; without it
+    nothing says which version or arm wrote it."""
     out = {"id": m.id, "role": m.role, "content": m.content, "parent_id": m.parent_id,
            "latency_ms": round(m.latency_ms, 1) if m.latency_ms is not None else None,
            "token_count": m.token_count, "created_at": iso(m.created_at),
-           "feedback": feedback_dict(fb) if m.role == "assistant" else None}
+           "feedback": feedback_dict(fb) if m.role == "assistant" else None,
+           "flag": flag_dict(flag) if m.role == "assistant" else None}
     if reveal:
         out["model_version"] = m.model_version.name if m.model_version else None
         out["arm"] = m.arm

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, render_template
 
+from rlhf.criteria import FLAG_CATEGORIES, FLAG_NOTE_MAX_CHARS
+
 from webapp.core.validation import REASONS_DOWN, REASONS_UP
 
 bp = Blueprint("pages", __name__)
@@ -11,4 +13,5 @@ bp = Blueprint("pages", __name__)
 @bp.get("/")
 def index():
     return render_template("chat.html", max_chars=current_app.config["RLHF_MAX_MESSAGE_CHARS"],
-                           reasons_up=list(REASONS_UP), reasons_down=list(REASONS_DOWN))
+                           reasons_up=list(REASONS_UP), reasons_down=list(REASONS_DOWN),
+                           flag_categories=FLAG_CATEGORIES, flag_note_max=FLAG_NOTE_MAX_CHARS)

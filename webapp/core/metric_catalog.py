@@ -1,7 +1,7 @@
 """The A/B metrics the app measures, defined once.
 
-Each: name, label, kind, higher is better, and the per-user columns (webapp.experiments.table)
-whose ratio it is. The experiment metrics compute them, the promotion policy decides on one of
+Each: name, label, kind, higher is better (False: lower is better, e.g. the correction, regenerate
+and flagged rates, latency), and the per-user columns (webapp.experiments.table) whose ratio it is. The experiment metrics compute them, the promotion policy decides on one of
 them, and the settings check ``primary_metric`` against their names.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ METRICS: tuple[tuple[str, str, str, bool, str, str], ...] = (
     ("mean_rating", "Mean rating (1-5)", "mean", True, "rating_sum", "ratings"),
     ("correction_rate", "Correction rate", "proportion", False, "corrections", "answers"),
     ("regenerate_rate", "Regenerate rate", "proportion", False, "regenerations", "answers"),
+    ("flagged_rate", "Flagged rate (answers flagged as harmful)", "proportion", False, "flags", "answers"),
     ("compare_win_rate", "Compare win rate (variant vs control)", "win_rate", True, "wins", "decisive"),
     ("mean_reward", "Mean reward-model score", "mean", True, "reward_sum", "scored"),
     ("latency_ms", "Latency (ms)", "mean", False, "latency_sum", "timed"),

@@ -10,6 +10,8 @@ from sqlalchemy import (JSON, CheckConstraint, DateTime, Float, ForeignKey, Inde
                         UniqueConstraint)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
+from rlhf.criteria import FLAG_VALUES
+
 from webapp.core.extensions import db
 
 
@@ -295,3 +297,28 @@ class IdentityOrigin(db.Model):
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
     address_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+# ---------------------------------------------------------------------------- flags (issue 17)
+# A new table (create_schema() adds it to existing databases on their next start, no migration).
+
+_FLAG_CATEGORIES_SQL = "(" + ", ".join(f"'{v}'" for v in FLAG_VALUES) + ")"
+
+
+class Flag(db.Model):
+    """A user's flag on an assistant answer as harmful, in one category of
+    ``rlhf.criteria.FLAG_CATEGORIES``, with an optional note. One row per (user, message):
+    flagging again changes the category and note in place; removing the flag deletes the row."""
+
+    __tablename__ = "flags"
+    __table_args__ = (UniqueConstraint("user_id", "message_id", name="uq_flags_user_message"),
+                      CheckConstraint(f"category IN {_FLAG_CATEGORIES_SQL}", name="ck_flags_category"))
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    message_id: Mapped[int] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"), index=True)
+    category: Mapped[str] = mapped_column(String(32))
+    note: Mapped[Optional[str]] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow, index=True)
+
+    message = relationship("Message")

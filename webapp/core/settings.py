@@ -179,9 +179,9 @@ class Settings:
                                  "unit however much they rate, so no heavy user or script steers a verdict; 0: no "
                                  "cap, every observation counts)", "Experiments", low=0.0)
     guardrail_alpha: float = setting(0.01, "level of the guardrails' sequential non-inferiority test: a variant truly "
-                                     "worse by a typical effect (5 points, a quarter star) on thumbs, rating or "
-                                     "compare votes is promoted with at most this probability, however often the "
-                                     "monitor looks", "Experiments", above=0.0, below=0.5)
+                                     "worse by a typical effect (5 points, a quarter star) on thumbs, rating, "
+                                     "compare votes or flagged answers is promoted with at most this probability, "
+                                     "however often the monitor looks", "Experiments", above=0.0, below=0.5)
     ab_min_sample: int = setting(30, "users with data per arm before a metric is judged", "Experiments", low=1)
     compare_rate: float = setting(0.1, "share of questions answered side by side while an experiment runs",
                                   "Experiments", low=0.0, high=1.0)

@@ -7,6 +7,8 @@ from flask import current_app, request
 from werkzeug.exceptions import BadRequest
 from werkzeug.routing import IntegerConverter
 
+from rlhf.criteria import FLAG_CATEGORIES, FLAG_NOTE_MAX_CHARS, FLAG_VALUES
+
 # Reason chips offered in the UI; stored as given so reports can count them.
 REASONS_UP = ("helpful", "polite", "concise", "accurate", "on-topic")
 REASONS_DOWN = ("rude", "off-topic", "too long", "too short", "wrong", "unhelpful", "repetitive")
@@ -128,3 +130,17 @@ def feedback_changes(data: dict) -> dict[str, Any]:
                              f"Choose from: {', '.join(REASONS)}.")
         changes["reasons"] = list(dict.fromkeys(reasons))  # de-duplicated, order kept
     return changes
+
+
+def flag_fields(data: dict) -> tuple[str, str | None]:
+    """A flag's validated ``(category, note)``: ``category`` one of ``rlhf.criteria.FLAG_VALUES``
+    (required), ``note`` optional text of at most ``FLAG_NOTE_MAX_CHARS`` (empty or null: none)."""
+    category = data.get("category")
+    if category is None:
+        raise BadRequest(f"'category' is required: one of {', '.join(FLAG_VALUES)}.")
+    if not isinstance(category, str) or category not in FLAG_VALUES:
+        shown = repr(clip(category)) if isinstance(category, str) else "not a string"
+        raise BadRequest(f"Unknown flag category ({shown}). Choose from: "
+                         f"{', '.join(f'{value} ({label})' for value, label in FLAG_CATEGORIES)}.")
+    note = text_field(data, "note", FLAG_NOTE_MAX_CHARS, required=False, nullable=True)
+    return category, note

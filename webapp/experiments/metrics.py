@@ -24,8 +24,8 @@ from flask import current_app
 
 from webapp.core.display import display_path
 from webapp.core.extensions import db
-from webapp.core.models import (AnswerScore, Assignment, Comparison, Conversation, Experiment, Feedback, Message,
-                                history, iso, utcnow)
+from webapp.core.models import (AnswerScore, Assignment, Comparison, Conversation, Experiment, Feedback, Flag,
+                                Message, history, iso, utcnow)
 from webapp.core.raters import excluded_raters
 from webapp.experiments import stats as ab_stats
 from webapp.experiments.promotion import PromotionPolicy, policy_from_config
@@ -83,8 +83,10 @@ def _regenerated(answers: list[Message], paired: set[int]) -> set[int]:
 
 def _user_rows(exp: Experiment, answers: list[Message], user_of: dict[int, int], feedback: dict[int, Feedback],
                pairs: list[Comparison], paired: set[int], regenerated: set[int],
-               scores: dict[int, float], excluded: frozenset[int] = frozenset()) -> list[dict[str, Any]]:
-    """One row of sums per user and arm: their own answers' feedback, and their compare votes.
+               scores: dict[int, float], excluded: frozenset[int] = frozenset(),
+               flagged: frozenset[int] = frozenset()) -> list[dict[str, Any]]:
+    """One row of sums per user and arm: their own answers' feedback and flags (``flagged``: the
+    answers their user flagged), and their compare votes.
     ``excluded`` users get no row (their answers are expected to be left out of ``answers``)."""
     rows: dict[tuple[int, str | None], dict[str, Any]] = {}
     home: dict[int, tuple[int, str | None]] = {}  # the row a user's votes go to: their first one
@@ -114,6 +116,7 @@ def _user_rows(exp: Experiment, answers: list[Message], user_of: dict[int, int],
                 r["rating_sum"] += f.rating
             r["corrections"] += bool(f.correction)
         r["regenerations"] += a.id in regenerated
+        r["flags"] += a.id in flagged
         if a.id in scores and math.isfinite(scores[a.id]):
             r["scored"] += 1
             r["reward_sum"] += scores[a.id]
@@ -165,11 +168,15 @@ def experiment_metrics(exp: Experiment, policy: PromotionPolicy | None = None) -
     ids = [a.id for a in answers]
     feedback = {f.message_id: f for f in db.session.scalars(
         db.select(Feedback).where(Feedback.message_id.in_(ids)))} if answers else {}
+    # answers their own user flagged as harmful (the flagged rate: a guardrail, lower is better)
+    flagged = frozenset(mid for mid, uid in db.session.execute(
+        db.select(Flag.message_id, Flag.user_id).where(Flag.message_id.in_(ids))) if user_of.get(mid) == uid) \
+        if answers else frozenset()
     pairs = list(db.session.scalars(db.select(Comparison).where(Comparison.message_a_id.in_(ids)))) if answers else []
     paired = {p.message_a_id for p in pairs} | {p.message_b_id for p in pairs}
     scores = _reward_scores(answers, _reward_model_path(exp))
     users = user_table(_user_rows(exp, answers, user_of, feedback, pairs, paired, _regenerated(answers, paired),
-                                  scores, excluded))
+                                  scores, excluded, flagged))
     n_users = int((users["arm"] >= 0).sum())
     table = metrics_table(users, exp.traffic_split, min_sample, policy, users_per_day(exp, n_users))
     for arm in ARMS:

@@ -8,7 +8,7 @@ monitor looks; the fixed-horizon p-values in the table are for reference only:
 
 * promote -- the primary metric has enough users with data in both arms and its sequential
              interval lies entirely on the better side, and every guardrail (thumbs, rating,
-             compare votes) that has data clears: it has enough users and its sequential
+             compare votes, flagged rate) that has data clears: it has enough users and its sequential
              interval rules out a loss of a typical effect (5 points, a quarter star) -- a
              sequential non-inferiority test (a guardrail without any data is none);
 * retire  -- the primary metric's sequential interval lies entirely on the worse side, or a
@@ -93,7 +93,8 @@ class Decision:
 
 # What users say directly: a variant that is significantly worse on any of these is never promoted,
 # whatever the primary metric (e.g. a reward-model score the variant was optimised against) says.
-GUARDRAILS = ("thumbs_up_rate", "mean_rating", "compare_win_rate")
+# The flagged rate is lower-is-better (metric_catalog): "worse" is more answers flagged as harmful.
+GUARDRAILS = ("thumbs_up_rate", "mean_rating", "compare_win_rate", "flagged_rate")
 
 
 def verdict(row: dict[str, Any]) -> str | None:

@@ -1,7 +1,7 @@
 """The metrics table of an experiment from per-user rows: pure, no Flask, no database.
 
 Users are the unit of analysis (they are what is randomized): each user's answers, thumbs,
-ratings, corrections, regenerations and compare votes are summed first, one row per user, each
+ratings, corrections, regenerations, flags and compare votes are summed first, one row per user, each
 user's sums are scaled to weigh at most ``policy.user_cap`` observations (by default one: a user
 counts once however much they rate), and every metric is a ratio of sums over users with its
 delta-method variance (:func:`webapp.experiments.stats.ratio_arm`). ``webapp.experiments.metrics`` builds the rows from
@@ -24,7 +24,7 @@ ARMS = ("control", "variant")
 ARM_CODES = {"control": 0, "variant": 1}  # -1: a user in no arm (a compare voter never assigned)
 
 # Per-user sums, one column each.
-FIELDS = ("answers", "thumbs", "ups", "ratings", "rating_sum", "corrections", "regenerations", "scored",
+FIELDS = ("answers", "thumbs", "ups", "ratings", "rating_sum", "corrections", "regenerations", "flags", "scored",
           "reward_sum", "timed", "latency_sum", "wins", "losses", "ties")
 
 UserTable = dict[str, np.ndarray]

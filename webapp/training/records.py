@@ -6,14 +6,14 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, union_all
+from sqlalchemy import or_, union, union_all
 
 from rlhf.preference_data import build_datasets
 from rlhf.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
-from rlhf.redaction import redact_records
+from rlhf.redaction import redact_records, redact_text
 
 from webapp.core.extensions import db
-from webapp.core.models import (Comparison, Conversation, Feedback, Message, ModelVersion, RaterAssessment,
+from webapp.core.models import (Comparison, Conversation, Feedback, Flag, Message, ModelVersion, RaterAssessment,
                                 RaterTrust, User, utcnow)
 from webapp.core.raters import trust_settings
 
@@ -22,46 +22,70 @@ def _live_conversations():
     return db.select(Conversation.id).where(Conversation.deleted_at.is_(None))
 
 
-# what makes a feedback row an event: any of these (see feedback_events)
+# what makes a feedback row an event: any of these (see feedback_events); a flag on the answer too
 _EVENT_PARTS = {"thumbs": Feedback.thumb.is_not(None), "ratings": Feedback.rating.is_not(None),
                 "corrections": Feedback.correction.is_not(None)}
 
 
+def _rated_answers(fb_time=None, flag_time=None):
+    """(user_id, message_id) of every answer with a feedback event in a live conversation, as a
+    UNION (so an answer rated and flagged is one): a feedback row carrying any of
+    :data:`_EVENT_PARTS`, or a flag. ``fb_time``/``flag_time``: a condition on each row's time."""
+    live = _live_conversations()
+    rated = (db.select(Feedback.user_id.label("uid"), Feedback.message_id.label("mid"))
+             .join(Message, Feedback.message_id == Message.id)
+             .where(Message.conversation_id.in_(live)).where(or_(*_EVENT_PARTS.values())))
+    flagged = (db.select(Flag.user_id.label("uid"), Flag.message_id.label("mid"))
+               .join(Message, Flag.message_id == Message.id).where(Message.conversation_id.in_(live)))
+    if fb_time is not None:
+        rated, flagged = rated.where(fb_time), flagged.where(flag_time)
+    return union(rated, flagged).subquery()
+
+
 def feedback_events(since: datetime | None = None) -> dict[str, int]:
     """The one definition of a *feedback event*, used by training, the scheduler and the
-    dashboard alike: a feedback row carrying a thumb, a rating or a correction (one event per
-    rated answer, however many of the three it carries), plus each voted side-by-side
-    comparison, in conversations that were not deleted. ``since``: only those written after it.
+    dashboard alike: a rated answer -- one the user gave a thumb, a rating or a correction, or
+    flagged as harmful (one event per answer, however many of these it carries) -- plus each
+    voted side-by-side comparison, in conversations that were not deleted. ``since``: only those
+    written after it (a feedback row's or flag's ``updated_at``, a vote's ``voted_at``).
 
-    Returns the breakdown (``thumbs``/``ratings``/``corrections`` count rows carrying each, so
-    they can overlap), ``rated_answers`` (rows carrying any), ``votes`` and ``total``."""
+    Returns the breakdown (``thumbs``/``ratings``/``corrections``/``flags`` count answers carrying
+    each, so they can overlap), ``rated_answers`` (answers carrying any), ``votes`` and ``total``."""
     live = _live_conversations()
     has = _EVENT_PARTS
-    cols = [db.func.count(Feedback.id)] + [db.func.count(db.case((cond, 1))) for cond in has.values()]
+    cols = [db.func.count(db.case((cond, 1))) for cond in has.values()]
     fb = (db.select(*cols).join(Message, Feedback.message_id == Message.id)
           .where(Message.conversation_id.in_(live)).where(or_(*has.values())))
+    flags = (db.select(db.func.count(Flag.id)).join(Message, Flag.message_id == Message.id)
+             .where(Message.conversation_id.in_(live)))
     votes = (db.select(db.func.count(Comparison.id)).join(Message, Comparison.prompt_message_id == Message.id)
              .where(Message.conversation_id.in_(live)).where(Comparison.winner.is_not(None)))
+    answers = _rated_answers()
     if since is not None:
         fb = fb.where(Feedback.updated_at > since)
+        flags = flags.where(Flag.updated_at > since)
         votes = votes.where(Comparison.voted_at > since)
-    rated, *parts = db.session.execute(fb).one()
+        answers = _rated_answers(Feedback.updated_at > since, Flag.updated_at > since)
+    parts = db.session.execute(fb).one()
+    rated = int(db.session.scalar(db.select(db.func.count()).select_from(answers)) or 0)
+    n_flags = int(db.session.scalar(flags) or 0)
     n_votes = int(db.session.scalar(votes) or 0)
-    return {"rated_answers": int(rated or 0), **{k: int(v or 0) for k, v in zip(has, parts)},
-            "votes": n_votes, "total": int(rated or 0) + n_votes}
+    return {"rated_answers": rated, **{k: int(v or 0) for k, v in zip(has, parts)}, "flags": n_flags,
+            "votes": n_votes, "total": rated + n_votes}
 
 
 def events_per_user(before: datetime | None = None):
     """Feedback events per user as a subquery with columns ``uid`` and ``events``, by the definition
-    of :func:`feedback_events` (rated answers and votes in live conversations); ``before``: only
-    those first written before it (a rating's ``created_at``, a vote's ``voted_at``)."""
+    of :func:`feedback_events` (rated or flagged answers, and votes, in live conversations);
+    ``before``: only those first written before it (a rating's or flag's ``created_at``, a vote's
+    ``voted_at``)."""
     live = _live_conversations()
-    rated = (db.select(Feedback.user_id.label("uid")).join(Message, Feedback.message_id == Message.id)
-             .where(Message.conversation_id.in_(live)).where(or_(*_EVENT_PARTS.values())))
+    answers = _rated_answers() if before is None else _rated_answers(Feedback.created_at < before,
+                                                                     Flag.created_at < before)
+    rated = db.select(answers.c.uid)
     votes = (db.select(Comparison.user_id.label("uid")).join(Message, Comparison.prompt_message_id == Message.id)
              .where(Message.conversation_id.in_(live)).where(Comparison.winner.is_not(None)))
     if before is not None:
-        rated = rated.where(Feedback.created_at < before)
         votes = votes.where(Comparison.voted_at < before)
     both = union_all(rated, votes).subquery()
     return db.select(both.c.uid, db.func.count().label("events")).group_by(both.c.uid).subquery()
@@ -98,7 +122,8 @@ def feedback_event_count(since: datetime | None = None) -> int:
 
 
 def feedback_records(redact: bool = True) -> list[ConversationRecord]:
-    """Every live conversation as plain records, with the owner's feedback and votes.
+    """Every live conversation as plain records, with the owner's feedback (``flag``: their flag's
+    category, a record of its own for an answer flagged without other feedback) and votes.
     Deleted conversations are left out, so deleting one removes it from future training.
     ``redact``: e-mail addresses and phone numbers in message texts, corrections and comments
     are replaced by ``[EMAIL]``/``[PHONE]`` (rlhf.redaction), for training and exports alike."""
@@ -110,11 +135,16 @@ def feedback_records(redact: bool = True) -> list[ConversationRecord]:
                                 .order_by(Message.id)):
         messages[m.conversation_id].append(m)
     msg_conv = {m.id: cid for cid, ms in messages.items() for m in ms}
+    # the owner's flag on each answer (a flag alone, without other feedback, still makes a record)
+    flags = {f.message_id: f.category for f in db.session.scalars(db.select(Flag).where(Flag.message_id.in_(list(msg_conv))))
+             if owner.get(msg_conv.get(f.message_id)) == f.user_id}
     feedback: dict[int, FeedbackRecord] = {}
     for f in db.session.scalars(db.select(Feedback).where(Feedback.message_id.in_(list(msg_conv)))):
         if owner.get(msg_conv.get(f.message_id)) == f.user_id:
             feedback[f.message_id] = FeedbackRecord(f.thumb, f.rating, f.correction, f.comment,
-                                                    tuple(f.reasons or ()))
+                                                    tuple(f.reasons or ()), flag=flags.get(f.message_id))
+    for mid, category in flags.items():
+        feedback.setdefault(mid, FeedbackRecord(flag=category))
     comparisons: dict[int, list[ComparisonRecord]] = {cid: [] for cid in owner}
     for c in db.session.scalars(db.select(Comparison).where(Comparison.prompt_message_id.in_(list(msg_conv)))):
         comparisons[msg_conv[c.prompt_message_id]].append(
@@ -133,16 +163,32 @@ EXPORT_FORMATS = ("pairs", "kto", "sft", "raw")
 
 def export_rows(fmt: str, redact: bool = True) -> list[dict[str, Any]]:
     """Rows for ``export-feedback`` / the admin export: TRL columns plus ``split``; or raw
-    conversations. Deleted conversations are never included. ``redact`` (the default): e-mail
-    addresses and phone numbers in every text are replaced (see feedback_records)."""
+    conversations (each answer's ``feedback`` with ``flag``, the flag's category, and
+    ``flag_note``; both null when not flagged). Deleted conversations are never included.
+    ``redact`` (the default): e-mail addresses and phone numbers in every text (flag notes too)
+    are replaced (see feedback_records)."""
     from dataclasses import asdict
 
     records = feedback_records(redact=redact)
     columns = _rater_columns()
     if fmt == "raw":
-        return [{**asdict(r), **columns([r.user_id])} for r in records]
+        notes = _flag_notes(redact)
+        rows = [{**asdict(r), **columns([r.user_id])} for r in records]
+        for row in rows:  # each flagged answer's note beside its category (the note is not training data)
+            for m in row["messages"]:
+                if m["feedback"] is not None:
+                    m["feedback"]["flag_note"] = notes.get(m["id"]) if m["feedback"].get("flag") else None
+        return rows
     data = getattr(build_datasets(records), fmt)
     return [{**row, "split": split, **columns(row.get("raters"))} for split in ("train", "eval") for row in data[split]]
+
+
+def _flag_notes(redact: bool) -> dict[int, str]:
+    """The note of each flag its answer's conversation owner wrote, by message id (redacted)."""
+    rows = db.session.execute(db.select(Flag.message_id, Flag.note).join(Message, Flag.message_id == Message.id)
+                              .join(Conversation, Message.conversation_id == Conversation.id)
+                              .where(Conversation.user_id == Flag.user_id, Flag.note.is_not(None)))
+    return {mid: redact_text(note) if redact else note for mid, note in rows}
 
 
 def _rater_columns():
