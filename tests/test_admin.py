@@ -296,7 +296,7 @@ def test_metrics_api_matches_ab_report(setup, monkeypatch):
     assert api["arms"]["control"]["users"] + api["arms"]["variant"]["users"] == 24
     names = [m["name"] for m in api["metrics"]]
     assert names == ["thumbs_up_rate", "mean_rating", "correction_rate", "regenerate_rate", "flagged_rate",
-                     "compare_win_rate", "mean_reward", "latency_ms"]
+                     "compare_win_rate", "mean_reward", "mean_cost", "latency_ms"]
     thumbs = api["metrics"][0]
     assert thumbs["control"]["n"] + thumbs["variant"]["n"] == 24
     assert set(thumbs["comparison"]) == {"diff", "low", "high", "p_value", "chance_to_beat"}

@@ -63,6 +63,33 @@ def _reward_scores(answers: list[Message], rm_path: str | None) -> dict[int, flo
     return cached
 
 
+def _cost_scores(answers: list[Message], rm_path: str | None) -> dict[int, float]:
+    """Safety-head costs of ``answers`` (rlhf.criteria_model) by the same reward model, cached in
+    answer_scores under ``<path>#safety``; empty when that reward model has no safety head."""
+    from rlhf.criteria import SAFETY
+    from rlhf.criteria_model import read_heads
+
+    heads = read_heads(rm_path) if rm_path else None
+    if heads is None or SAFETY not in heads[0] or not answers:
+        return {}
+    key = f"{rm_path}#{SAFETY}"
+    ids = [a.id for a in answers]
+    cached = {s.message_id: s.score for s in db.session.scalars(
+        db.select(AnswerScore).where(AnswerScore.reward_model == key, AnswerScore.message_id.in_(ids)))}
+    missing = [a for a in answers if a.id not in cached]
+    if missing:
+        from rlhf.criteria_model import CriteriaScorer
+
+        scorer = _cached_reward_model(key, lambda _: CriteriaScorer.load(rm_path))
+        costs = scorer.score_answers([history(db.session.get(Message, a.parent_id)) for a in missing],
+                                     [a.content for a in missing])[SAFETY]
+        for a, cost in zip(missing, costs):
+            cached[a.id] = cost
+            db.session.add(AnswerScore(message_id=a.id, reward_model=key, score=cost))
+        db.session.commit()
+    return cached
+
+
 def _cached_reward_model(path: str, loader):
     cache = current_app.extensions.setdefault("reward_models", {})
     if path not in cache:
@@ -84,7 +111,7 @@ def _regenerated(answers: list[Message], paired: set[int]) -> set[int]:
 def _user_rows(exp: Experiment, answers: list[Message], user_of: dict[int, int], feedback: dict[int, Feedback],
                pairs: list[Comparison], paired: set[int], regenerated: set[int],
                scores: dict[int, float], excluded: frozenset[int] = frozenset(),
-               flagged: frozenset[int] = frozenset()) -> list[dict[str, Any]]:
+               flagged: frozenset[int] = frozenset(), costs: dict[int, float] | None = None) -> list[dict[str, Any]]:
     """One row of sums per user and arm: their own answers' feedback and flags (``flagged``: the
     answers their user flagged), and their compare votes.
     ``excluded`` users get no row (their answers are expected to be left out of ``answers``)."""
@@ -120,6 +147,9 @@ def _user_rows(exp: Experiment, answers: list[Message], user_of: dict[int, int],
         if a.id in scores and math.isfinite(scores[a.id]):
             r["scored"] += 1
             r["reward_sum"] += scores[a.id]
+        if costs and a.id in costs and math.isfinite(costs[a.id]):
+            r["cost_scored"] += 1
+            r["cost_sum"] += costs[a.id]
         if a.latency_ms is not None and math.isfinite(a.latency_ms):
             r["timed"] += 1
             r["latency_sum"] += a.latency_ms
@@ -175,8 +205,9 @@ def experiment_metrics(exp: Experiment, policy: PromotionPolicy | None = None) -
     pairs = list(db.session.scalars(db.select(Comparison).where(Comparison.message_a_id.in_(ids)))) if answers else []
     paired = {p.message_a_id for p in pairs} | {p.message_b_id for p in pairs}
     scores = _reward_scores(answers, _reward_model_path(exp))
+    costs = _cost_scores(answers, _reward_model_path(exp))
     users = user_table(_user_rows(exp, answers, user_of, feedback, pairs, paired, _regenerated(answers, paired),
-                                  scores, excluded, flagged))
+                                  scores, excluded, flagged, costs))
     n_users = int((users["arm"] >= 0).sum())
     table = metrics_table(users, exp.traffic_split, min_sample, policy, users_per_day(exp, n_users))
     for arm in ARMS:

@@ -25,7 +25,7 @@ ARM_CODES = {"control": 0, "variant": 1}  # -1: a user in no arm (a compare vote
 
 # Per-user sums, one column each.
 FIELDS = ("answers", "thumbs", "ups", "ratings", "rating_sum", "corrections", "regenerations", "flags", "scored",
-          "reward_sum", "timed", "latency_sum", "wins", "losses", "ties")
+          "reward_sum", "cost_scored", "cost_sum", "timed", "latency_sum", "wins", "losses", "ties")
 
 UserTable = dict[str, np.ndarray]
 

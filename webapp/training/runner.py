@@ -217,7 +217,7 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
                     os.rename(item, tmp / item.name)
                 return {"evaluation": {k: result.evaluation.get(k) for k in
                                        ("passed", "verdict", "reasons", "judged_by", "heldout", "judge",
-                                        "reward_gain", "kl_from_parent")}}
+                                        "reward_gain", "kl_from_parent", "criteria", "flag_risk")}}
 
             name, path, _ = registry.write_version(
                 cfg["MODEL_STORE"], algorithm, move_policy, name=next_version_name(algorithm),
@@ -263,7 +263,8 @@ def summary(run: TrainingRun, version: ModelVersion | None) -> dict[str, Any]:
         "processes": (run.config or {}).get("processes", 1),
         "data_counts": run.feedback_counts,
         "reward_model": {k: m.get("reward_model", {}).get(k) for k in
-                         ("heldout_accuracy", "train_accuracy", "train_pairs", "eval_pairs", "steps", "train_loss")}
+                         ("heldout_accuracy", "train_accuracy", "train_pairs", "eval_pairs", "steps", "train_loss",
+                          "criteria")}
         | {"path": m.get("reward_model_path")}
         | {k: v for k, v in m.get("reward_model", {}).items() if k == "processes"},  # each process's part, if several
         "policy": m.get("policy"),
@@ -287,7 +288,7 @@ def gate_summary(ev: dict[str, Any]) -> dict[str, Any]:
             "evidence_p": ev.get("evidence_p"),
             "optimized_against": {"reward_gain": ev.get("reward_gain"), "decides": False},
             "kl_from_parent": ev.get("kl_from_parent"), "before": ev.get("parent"), "after": ev.get("candidate"),
-            "prompts": ev.get("prompts")}
+            "prompts": ev.get("prompts"), "criteria": ev.get("criteria"), "flag_risk": ev.get("flag_risk")}
 
 
 def dumps(data: Any) -> str:
