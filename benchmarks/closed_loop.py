@@ -17,6 +17,7 @@ Stops after the first cycle whose variant satisfies the preference significantly
 than the control (p < 0.05), or after 2 cycles.
 
     .venv/bin/python benchmarks/closed_loop.py [--preference polite concise detailed on_topic] [--markdown FILE]
+    .venv/bin/python benchmarks/closed_loop.py --safety   # a preference in conflict with safety, constrained or not
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from rlhf.preferences import rude  # noqa: E402
 from rlhf.simulated_users import Behaviour, SimulatedUser, prompt_set  # noqa: E402
 from tests.conftest import cached_model, make_app, register_model  # noqa: E402
 from tests.live_server import LiveServer  # noqa: E402
@@ -117,11 +119,15 @@ def wait_for(predicate, timeout: float, every: float = 1.0):
     return None
 
 
-def run_preference(preference: str, model_dir: Path) -> dict:
+def run_preference(preference: str, model_dir: Path, behaviour: Behaviour | None = None,
+                   extra_env: dict[str, str] | None = None, label: str | None = None) -> dict:
+    """One preference through the loop; ``behaviour``: how the rating users act (chips, flags),
+    ``extra_env``: settings of the server on top of ``server_env()``; ``label``: the row's name."""
     t_start = time.perf_counter()
+    behaviour = behaviour or Behaviour()
     instance = Path(tempfile.mkdtemp(prefix=f"loop-{preference}-")) / "instance"
     register_model(make_app(instance), model_dir)
-    server = LiveServer(instance, env=server_env())
+    server = LiveServer(instance, env={**server_env(), **(extra_env or {})})
     prompts = prompt_set(120, seed=3)
     held_out = prompt_set(200, seed=99)
     events, seed, rounds = 0, 0, []
@@ -134,7 +140,7 @@ def run_preference(preference: str, model_dir: Path) -> dict:
             # 1. feedback phase
             t0 = time.perf_counter()
             while events < budget:
-                user = SimulatedUser(server.url, preference, seed=seed, behaviour=Behaviour())
+                user = SimulatedUser(server.url, preference, seed=seed, behaviour=behaviour)
                 seed += 1
                 for _ in range(3):
                     if events >= budget:
@@ -177,6 +183,7 @@ def run_preference(preference: str, model_dir: Path) -> dict:
             # judged by the version that answered (after a promotion new users get the variant without an arm)
             control_name, variant_name = (exp[4], exp[3]) if exp else (None, None)
             judged: dict[str, list[bool]] = {"control": [], "variant": []}
+            rude_by_arm: dict[str, list[bool]] = {"control": [], "variant": []}
             i, deadline = 0, time.time() + 600
             while min(map(len, judged.values())) < EVAL_PER_ARM and time.time() < deadline and i < 6 * EVAL_PER_ARM:
                 user = SimulatedUser(server.url, preference, seed=50_000 + cycle * 10_000 + i, rate=False)
@@ -186,6 +193,7 @@ def run_preference(preference: str, model_dir: Path) -> dict:
                     arm = {control_name: "control", variant_name: "variant"}.get(versions.get(inter.message_id))
                     if arm:
                         judged[arm].append(inter.satisfaction >= 0.5)
+                        rude_by_arm[arm].append(rude(inter.question, inter.answer))
                     idle_latency.append(inter.latency_s)
                 i += 1
             c, v = judged["control"], judged["variant"]
@@ -194,6 +202,11 @@ def run_preference(preference: str, model_dir: Path) -> dict:
             rnd.update(control={"share": est_c.value, "ci": [est_c.low, est_c.high], "n": len(c)},
                        variant={"share": est_v.value, "ci": [est_v.low, est_v.high], "n": len(v)},
                        p_value=cmp_.p_value, experiment_s=round(time.perf_counter() - t0, 1))
+            rc, rv = rude_by_arm["control"], rude_by_arm["variant"]
+            rude_c, rude_v = ab_stats.wilson(sum(rc), len(rc)), ab_stats.wilson(sum(rv), len(rv))
+            rnd["rude"] = {"control": {"share": rude_c.value, "ci": [rude_c.low, rude_c.high], "n": len(rc)},
+                           "variant": {"share": rude_v.value, "ci": [rude_v.low, rude_v.high], "n": len(rv)},
+                           "p_value": ab_stats.compare_proportions((sum(rc), len(rc)), (sum(rv), len(rv))).p_value}
             decided = wait_for(lambda: next((e for e in db_state(instance)[1] if e[0] == rnd["experiment"]
                                              and e[1] != "running"), None), 20)
             rnd["decision"] = (decided[2] if decided else "wait (still running)")
@@ -203,7 +216,7 @@ def run_preference(preference: str, model_dir: Path) -> dict:
     finally:
         server.stop()
     last = next((r for r in reversed(rounds) if "p_value" in r), None)
-    return {"preference": preference, "rounds": rounds, "feedback_events": events,
+    return {"preference": label or preference, "rounds": rounds, "feedback_events": events,
             "success": bool(last and last["p_value"] < 0.05 and last["variant"]["share"] > last["control"]["share"]),
             "cycles": len(rounds), "wall_s": round(time.perf_counter() - t_start, 1),
             "latency_p95_training_ms": round(1000 * p95(train_latency), 1) if train_latency else None,
@@ -219,8 +232,9 @@ def _share(arm: dict | None) -> str:
 
 def markdown(results: list[dict]) -> str:
     lines = ["| preference | cycle | feedback events (total) | RM held-out acc. | control satisfied [95% CI] | "
-             "variant satisfied [95% CI] | p-value | monitor decision | feedback s | training s | experiment s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "variant satisfied [95% CI] | p-value | control rude | variant rude | monitor decision | feedback s | "
+             "training s | experiment s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         for r in res["rounds"]:
             acc = r.get("reward_model_accuracy")
@@ -228,7 +242,8 @@ def markdown(results: list[dict]) -> str:
             lines.append(" | ".join([
                 f"| {res['preference']}", str(r["cycle"]), str(r.get("feedback_events_total")),
                 f"{acc:.2f}" if acc is not None else "–", _share(r.get("control")), _share(r.get("variant")),
-                f"{p:.2g}" if p is not None else "–", str(r.get("decision", r.get("run_decision"))),
+                f"{p:.2g}" if p is not None else "–", _share((r.get("rude") or {}).get("control")),
+                _share((r.get("rude") or {}).get("variant")), str(r.get("decision", r.get("run_decision"))),
                 str(r.get("feedback_s")), str(r.get("training_s")), str(r.get("experiment_s", "–")) + " |"]))
     lines.append("")
     for res in results:
@@ -239,16 +254,29 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# --safety: users like direct answers (rude ones too: rlhf.preferences.direct), tick chips on half the answers
+# they rate and flag 30 % of the rude ones; the loop runs with PPO's cost constraint and without it (and
+# without the gate's flag-rate check, so the unconstrained candidate reaches the experiment and its rude
+# rate is measured rather than only predicted)
+SAFETY_BEHAVIOUR = Behaviour(chip_prob=0.5, flag_prob=0.3)
+SAFETY_RUNS = (("direct, constrained", {}),
+               ("direct, unconstrained", {"RLHF_SAFETY_CONSTRAINT": "0",
+                                          "RLHF_TRAINING_GATE_MAX_FLAG_RISK_INCREASE": "1"}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preference", nargs="+", default=["polite", "concise", "detailed"])
+    ap.add_argument("--safety", action="store_true", help="the safety-constraint pair of runs instead (see SAFETY_RUNS)")
     ap.add_argument("--markdown", type=Path, help="also write the table to this file")
     ap.add_argument("--json", type=Path, help="also write the raw results to this file")
     args = ap.parse_args()
     model_dir = cached_model("default")
     results = []
-    for pref in args.preference:
-        res = run_preference(pref, model_dir)
+    runs = [(label, "direct", SAFETY_BEHAVIOUR, env) for label, env in SAFETY_RUNS] if args.safety else \
+        [(pref, pref, None, None) for pref in args.preference]
+    for label, pref, behaviour, env in runs:
+        res = run_preference(pref, model_dir, behaviour, env, label)
         results.append(res)
         print(json.dumps(res, default=str), flush=True)
     table = markdown(results)

@@ -121,8 +121,15 @@ def test_flags_train_a_safety_head_and_the_constraint_shows_on_the_run_page(inst
     assert cost["higher_is_better"] is False
     assert cost["control"]["n"] == cost["variant"]["n"] == 6
     assert cost["variant"]["value"] > cost["control"]["value"]  # rude answers cost more
+    assert set(metrics["criteria"]) >= {"helpfulness", "safety"}
+    assert metrics["criteria"]["safety"]["variant"]["n"] == 6
+    html = client.get("/admin/experiments/safety").get_data(as_text=True)
+    assert 'data-testid="experiment-criteria"' in html and '<tr data-criterion="safety">' in html
     with app.app_context():  # computed once, then cached per answer under the reward model's safety head
         cached = db.session.scalars(db.select(AnswerScore).where(AnswerScore.reward_model.like("%#safety"))).all()
         assert len(cached) == 12
+        heads = len(metrics["criteria"])
+        assert db.session.scalar(db.select(db.func.count()).select_from(AnswerScore).where(
+            AnswerScore.reward_model.like("%#%"))) == 12 * heads
     again = client.get("/api/admin/metrics?experiment=safety").get_json()
     assert next(m for m in again["metrics"] if m["name"] == "mean_cost") == cost

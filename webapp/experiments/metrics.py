@@ -63,31 +63,48 @@ def _reward_scores(answers: list[Message], rm_path: str | None) -> dict[int, flo
     return cached
 
 
-def _cost_scores(answers: list[Message], rm_path: str | None) -> dict[int, float]:
-    """Safety-head costs of ``answers`` (rlhf.criteria_model) by the same reward model, cached in
-    answer_scores under ``<path>#safety``; empty when that reward model has no safety head."""
-    from rlhf.criteria import SAFETY
+def _criteria_scores(answers: list[Message], rm_path: str | None) -> dict[str, dict[int, float]]:
+    """Each criterion head's score of ``answers`` (rlhf.criteria_model) by the same reward model, computed
+    once per answer and cached in answer_scores under ``<path>#<criterion>``; empty when that reward
+    model has no criterion heads."""
     from rlhf.criteria_model import read_heads
 
     heads = read_heads(rm_path) if rm_path else None
-    if heads is None or SAFETY not in heads[0] or not answers:
+    if heads is None or not answers:
         return {}
-    key = f"{rm_path}#{SAFETY}"
+    names = heads[0]
     ids = [a.id for a in answers]
-    cached = {s.message_id: s.score for s in db.session.scalars(
-        db.select(AnswerScore).where(AnswerScore.reward_model == key, AnswerScore.message_id.in_(ids)))}
-    missing = [a for a in answers if a.id not in cached]
+    out: dict[str, dict[int, float]] = {name: {} for name in names}
+    for s in db.session.scalars(db.select(AnswerScore).where(
+            AnswerScore.reward_model.in_([f"{rm_path}#{n}" for n in names]), AnswerScore.message_id.in_(ids))):
+        out[s.reward_model.rsplit("#", 1)[1]][s.message_id] = s.score
+    missing = [a for a in answers if any(a.id not in out[n] for n in names)]
     if missing:
         from rlhf.criteria_model import CriteriaScorer
 
-        scorer = _cached_reward_model(key, lambda _: CriteriaScorer.load(rm_path))
-        costs = scorer.score_answers([history(db.session.get(Message, a.parent_id)) for a in missing],
-                                     [a.content for a in missing])[SAFETY]
-        for a, cost in zip(missing, costs):
-            cached[a.id] = cost
-            db.session.add(AnswerScore(message_id=a.id, reward_model=key, score=cost))
+        scorer = _cached_reward_model(f"{rm_path}#criteria", lambda _: CriteriaScorer.load(rm_path))
+        scores = scorer.score_answers([history(db.session.get(Message, a.parent_id)) for a in missing],
+                                      [a.content for a in missing])
+        for name in names:
+            for a, value in zip(missing, scores[name]):
+                if a.id not in out[name]:
+                    out[name][a.id] = value
+                    db.session.add(AnswerScore(message_id=a.id, reward_model=f"{rm_path}#{name}", score=value))
         db.session.commit()
-    return cached
+    return out
+
+
+def _criteria_means(by_arm: dict[str, list[Message]], scores: dict[str, dict[int, float]]) -> dict[str, Any]:
+    """Per criterion, each arm's mean score over its answers (informational: answer-level means; the
+    safety cost's user-level comparison is the ``mean_cost`` row)."""
+    out: dict[str, Any] = {}
+    for name, by_id in scores.items():
+        row = {}
+        for arm in ARMS:
+            values = [by_id[a.id] for a in by_arm[arm] if a.id in by_id and math.isfinite(by_id[a.id])]
+            row[arm] = {"mean": round(sum(values) / len(values), 4) if values else None, "n": len(values)}
+        out[name] = row
+    return out
 
 
 def _cached_reward_model(path: str, loader):
@@ -205,9 +222,9 @@ def experiment_metrics(exp: Experiment, policy: PromotionPolicy | None = None) -
     pairs = list(db.session.scalars(db.select(Comparison).where(Comparison.message_a_id.in_(ids)))) if answers else []
     paired = {p.message_a_id for p in pairs} | {p.message_b_id for p in pairs}
     scores = _reward_scores(answers, _reward_model_path(exp))
-    costs = _cost_scores(answers, _reward_model_path(exp))
+    criteria = _criteria_scores(answers, _reward_model_path(exp))
     users = user_table(_user_rows(exp, answers, user_of, feedback, pairs, paired, _regenerated(answers, paired),
-                                  scores, excluded, flagged, costs))
+                                  scores, excluded, flagged, criteria.get("safety")))
     n_users = int((users["arm"] >= 0).sum())
     table = metrics_table(users, exp.traffic_split, min_sample, policy, users_per_day(exp, n_users))
     for arm in ARMS:
@@ -224,6 +241,8 @@ def experiment_metrics(exp: Experiment, policy: PromotionPolicy | None = None) -
         "daily": _daily(by_arm, feedback),
         "timeline": _timeline(exp, by_arm, feedback),
         "reward_model": display_path(_reward_model_path(exp)),
+        # the same reward model's criterion heads (rlhf.criteria_model), when it has them
+        "criteria": _criteria_means(by_arm, criteria),
         "excluded_users": len(left_out),
         "generated_at": iso(utcnow()),
     }
