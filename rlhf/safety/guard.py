@@ -113,6 +113,7 @@ class GuardedStream:
         self._start = start
         self.outcome: Outcome | None = None
         self.first_release_ms: float | None = None
+        self.stopped = False  # closed by the reader before the answer ended
         self._gen = self._events()
 
     def __iter__(self) -> Iterator[tuple[str, dict]]:
@@ -176,6 +177,7 @@ class GuardedStream:
                 self.outcome = Outcome(_refusal(self.rail, tokens, ms(), self.first_release_ms), blocks)  # type: ignore[arg-type]
                 return
         except GeneratorExit:  # stopped: keep exactly what the client was sent
+            self.stopped = True
             if handle is not None:
                 handle.chunks.close()
                 result = handle.result
