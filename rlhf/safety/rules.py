@@ -33,7 +33,7 @@ MAX_PHRASE_CHARS = 200
 SEARCH_TIMEOUT_S = 0.05  # per rule and check; far above a sane rule's cost on an answer (microseconds)
 PROBE_TIMEOUT_S = 0.02
 # strings a catastrophic pattern backtracks on (each repeated character, then a character that breaks the match)
-_PROBES = tuple(c * 40 + end for c in ("a", "1", " ", ".", "-", "x@", "ab") for end in ("!", "\x00"))
+_PROBES = tuple(c * 200 + end for c in ("a", "1", " ", ".", "-", "x@", "ab") for end in ("!", "\x00"))
 
 
 def luhn_ok(digits: str) -> bool:
@@ -135,7 +135,8 @@ def validate_pattern(pattern: str) -> str | None:
             found = compiled.search(probe, timeout=PROBE_TIMEOUT_S)
             if found is not None and found.group(0) == "":
                 return "The pattern matches the empty string (it would block every answer)."
-        for probe in _PROBES:
+        own = sorted({c for c in pattern if c.isalnum()})[:20]  # runs of the pattern's own characters too
+        for probe in _PROBES + tuple(c * 200 + end for c in own for end in ("!", "\x00")):
             compiled.search(probe, timeout=PROBE_TIMEOUT_S)
             compiled.search(probe, partial=True, timeout=PROBE_TIMEOUT_S)
     except TimeoutError:
