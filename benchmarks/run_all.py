@@ -95,6 +95,19 @@ def rows_stream(r: dict) -> list[list[str]]:
     return rows
 
 
+def rows_rail(r: dict) -> list[list[str]]:
+    on, off = r["rail_on"], r["rail_off"]
+    load = ", ".join(f"{x:.2f}" for x in r.get("load_average", [])) or "–"
+    return [["time per answer token, ms (rail on)", _f(on["ms_per_token"], 2), _f(off["ms_per_token"], 2) + " (rail off)",
+             _f(r["per_token_ratio"], 3), r.get("target_per_token_ratio", "–"), _met(r.get("met"))],
+            ["total time of a streamed answer, ms (rail on)", _f(on["total_ms"]), _f(off["total_ms"]) + " (rail off)",
+             _f(r["total_ratio"], 3), "–", "–"],
+            ["time to first token, ms (rail on)", _f(on["ttft_ms"]), _f(off["ttft_ms"]) + " (rail off)",
+             _f(r["ttft_ratio"], 3), "–", "–"],
+            ["tokens/s after the first token (rail on)", _f(on["tokens_per_s"]), _f(off["tokens_per_s"]) + " (rail off)",
+             _f(on["tokens_per_s"] / off["tokens_per_s"], 3), "–", f"load average {load}"]]
+
+
 def rows_concurrent(r: dict) -> list[list[str]]:
     summary = r["summary"]
     levels = sorted(summary, key=int)
@@ -267,6 +280,9 @@ def rows_generic(r: Any) -> list[list[str]]:
 BENCHMARKS = [
     Benchmark("stream_vs_generate", "stream_vs_generate.py", ["--runs", "30"], ["--runs", "8"], 1800,
               "one user's streamed answers through the real server vs plain model.generate", rows_stream),
+    Benchmark("rail_cost", "rail_cost.py", ["--runs", "30"], ["--runs", "6"], 1800,
+              "one user's streamed answers with the output rail on (5 presets, 20 phrases, 5 patterns) vs off",
+              rows_rail),
     Benchmark("concurrent_chat", "concurrent_chat.py", [], ["--repeats", "1", "--messages", "3"], 3600,
               "1/4/16 users chatting at once on the real server", rows_concurrent),
     Benchmark("feedback_ingestion", "feedback_ingestion.py", ["--seconds", "15", "--repeats", "3"],

@@ -52,8 +52,9 @@ def _digits(text: str) -> int:
     return sum(c.isdigit() for c in text)
 
 
-def _phone(match: re.Match) -> str:
-    text = match.group(0)
+def is_phone_number(text: str) -> bool:
+    """Whether ``text``, a match of the phone pattern, has a phone number's digit count (the
+    safety rail's phone preset uses the same rules: ``rlhf.safety.rules``)."""
     digits = _digits(text)
     if text.startswith("+"):
         ok = 8 <= digits <= 15
@@ -63,7 +64,12 @@ def _phone(match: re.Match) -> str:
         ok = 9 <= digits <= 12 and not re.fullmatch(r"0\d{3}-\d{2}-\d{2}", text)  # not a date like 0024-01-15
     else:
         ok = digits == 10
-    return PHONE_TOKEN if ok else text
+    return ok
+
+
+def _phone(match: re.Match) -> str:
+    text = match.group(0)
+    return PHONE_TOKEN if is_phone_number(text) else text
 
 
 def redact_text(text: str) -> str:

@@ -200,6 +200,20 @@ def training_run(world) -> dict:
         return {"run_id": run.id}
 
 
+def rail_rule(world) -> dict:
+    from webapp.core.extensions import db
+    from webapp.core.models import RailRule
+
+    with world.app.app_context():
+        rule = RailRule(kind="phrase", value=f"authz phrase {next(_ids)}")
+        db.session.add(rule)
+        db.session.commit()
+        return {"rule_id": rule.id}
+
+
+ADMIN_FORM = {**{role: LOGIN for role in ROLES}, "admin": 303}  # a form that redirects back to its page
+
+
 # ---------------------------------------------------------------------------- checks of successful cells
 
 def lists_only_own(world, role: str, resp, objs: dict) -> None:
@@ -326,6 +340,11 @@ MATRIX: dict[tuple[str, str], Row] = {
     ("GET", "/admin/settings"): Row(ADMIN_PAGE),
     ("GET", "/admin/feedback"): Row(ADMIN_PAGE, query="thumb=up"),
     ("GET", "/admin/raters"): Row(ADMIN_PAGE),
+    ("GET", "/admin/safety/"): Row(ADMIN_PAGE),
+    ("POST", "/admin/safety/rules"): Row(ADMIN_FORM, form={"kind": "phrase", "value": "authz blocked words"}),
+    ("POST", "/admin/safety/rules/<int:rule_id>/toggle"): Row(ADMIN_FORM, setup=rail_rule, form={}),
+    ("POST", "/admin/safety/rules/<int:rule_id>/delete"): Row(ADMIN_FORM, setup=rail_rule, form={}),
+    ("POST", "/admin/safety/presets/<name>"): Row(ADMIN_FORM, path={"name": "email"}, form={"enabled": "0"}),
 }
 
 CONVERTER = re.compile(r"<(?:(\w+)(?:\([^)]*\))?:)?(\w+)>")

@@ -45,13 +45,14 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     from webapp.chat import session as session_api
     from webapp.core import errors, identity, security
     from webapp.core.validation import IdConverter
+    from webapp.safety import pages as safety_pages
 
     identity.init_app(app)
     errors.init_app(app)
     security.init_app(app)
     app.url_map.converters["int"] = IdConverter  # before any route is added
     for blueprint in (session_api.bp, chat_api.bp, account_api.bp, pages.bp, admin_auth.bp, admin_pages.bp,
-                      admin_api.bp):
+                      admin_api.bp, safety_pages.bp):
         app.register_blueprint(blueprint)
     cli.init_app(app)
 

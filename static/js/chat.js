@@ -976,6 +976,10 @@
           if (event.type === "token") {
             text += event.data.text;
             if (!frame) frame = requestAnimationFrame(paint); // at most one render per frame
+          } else if (event.type === "rail") {
+            // the safety rail blocked the answer: the bubble shows the refusal (or empties for a new attempt)
+            text = event.data.text || "";
+            if (!frame) frame = requestAnimationFrame(paint);
           } else if (event.type === "done") done = event.data;
           else if (event.type === "error") failure = event.data.error;
         }

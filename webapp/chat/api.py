@@ -19,6 +19,7 @@ from werkzeug.exceptions import BadRequest, NotFound, ServiceUnavailable
 
 from rlhf.generation import (GenerationResult, InferenceServerError, LoadedModel, generate_chat, generate_chats,
                              stream_chat)
+from rlhf.safety import Block, GuardedStream, guard_result
 
 from webapp.chat.conversations import (add_question, answerer_dict, comparison_dict, conversation_summary,
                                        message_dict, own_answer_of_visitor, own_conversation, own_message,
@@ -32,6 +33,7 @@ from webapp.core.security import chat_limit, feedback_limit
 from webapp.core.validation import (MAX_TITLE_CHARS, bool_field, feedback_changes, flag_fields, json_body,
                                     message_content, optional_id, text_field)
 from webapp.experiments.assignment import assign, running_experiment
+from webapp.safety.rail import rail_for, record_interventions
 from webapp.serving.routing import Route, generation_settings, route_for, serve
 
 bp = Blueprint("chat_api", __name__, url_prefix="/api")
@@ -108,15 +110,20 @@ def delete_conversation(conversation_id: int):
 
 # ---------------------------------------------------------------------------- answering
 
-def _save_answer(user_msg_id: int, route: Route, result: GenerationResult) -> Message:
-    """Store an answer. Takes ids, not ORM objects: a streamed response outlives the request's
-    database session, so everything is looked up again here."""
+def _save_answer(user_msg_id: int, route: Route, result: GenerationResult, blocks: list[Block] = ()) -> Message:
+    """Store an answer (``result.text``: what the user saw) and the rail's interventions on it. Takes
+    ids, not ORM objects: a streamed response outlives the request's database session, so
+    everything is looked up again here."""
     user_msg = db.session.get(Message, user_msg_id)
     answer = Message(conversation_id=user_msg.conversation_id, role="assistant", content=result.text,
                      parent_id=user_msg.id, model_version_id=route.version_id, experiment_id=route.experiment_id,
                      arm=route.arm, latency_ms=result.latency_ms, token_count=result.token_count)
     db.session.add(answer)
     user_msg.conversation.updated_at = utcnow()
+    if blocks:
+        db.session.flush()
+        record_interventions(blocks, message_id=answer.id, user_id=user_msg.conversation.user_id,
+                             conversation_id=user_msg.conversation_id, version_id=route.version_id)
     db.session.commit()
     return answer
 
@@ -135,6 +142,7 @@ def _answer(user_msg: Message, route: Route, loaded: LoadedModel, stream: bool, 
     settings = generation_settings()
     user_msg_id = user_msg.id
     reveal = sees_arms()  # before generating: a streamed answer outlives the request
+    rail = rail_for(route)  # the output rail (None when off): nothing unsafe is shown or stored
     # An answer takes a while: end the read transaction so that no database connection (nor, on
     # SQLite, a read snapshot that holds back WAL checkpoints) is held while it is generated.
     db.session.commit()
@@ -147,22 +155,24 @@ def _answer(user_msg: Message, route: Route, loaded: LoadedModel, stream: bool, 
 
     if not stream:
         try:
-            result = generate_chat(loaded, messages, settings)
+            outcome = guard_result(rail, messages, generate_chat(loaded, messages, settings),
+                                   lambda: generate_chat(loaded, messages, settings))
         except Exception as exc:
             current_app.logger.exception("generation failed")
             discard_question()
             raise ServiceUnavailable(f"The model failed to answer ({type(exc).__name__}); please try again.") from exc
-        answer = _save_answer(user_msg_id, route, result)
+        answer = _save_answer(user_msg_id, route, outcome.result, outcome.blocks)
         return jsonify(user_message=message_dict(db.session.get(Message, user_msg_id), reveal=reveal),
                        assistant_message=message_dict(answer, reveal=reveal)), 201
 
-    handle = stream_chat(loaded, messages, settings)
+    # the rail releases text only once it is safe, and replaces a blocked answer ("rail" event)
+    guarded = GuardedStream(rail, messages, lambda: stream_chat(loaded, messages, settings))
 
     def events() -> Iterator[str]:
         finished = False
         try:
-            for chunk in handle.chunks:
-                yield _sse("token", {"text": chunk})
+            for kind, data in guarded:
+                yield _sse(kind, data)
             finished = True
         except Exception as exc:  # generation failed: report it in the stream, keep nothing
             current_app.logger.exception("generation failed")
@@ -172,16 +182,17 @@ def _answer(user_msg: Message, route: Route, loaded: LoadedModel, stream: bool, 
             return
         finally:
             if not finished:
-                handle.chunks.close()  # stops the generating thread; sets the partial result
-            if not finished and handle.result is not None:
+                guarded.close()  # stops the generating thread; the outcome keeps what was sent
+            if not finished and guarded.stopped:
                 # The client stopped the answer (or went away): keep what was said, if anything.
-                if handle.result.text:
-                    _save_answer(user_msg_id, route, handle.result)
+                if guarded.outcome is not None and guarded.outcome.result.text:
+                    _save_answer(user_msg_id, route, guarded.outcome.result, guarded.outcome.blocks)
                 else:
                     discard_question()
-        result = handle.result
-        assert result is not None
-        answer = _save_answer(user_msg_id, route, result)
+        outcome = guarded.outcome
+        assert outcome is not None
+        result = outcome.result
+        answer = _save_answer(user_msg_id, route, result, outcome.blocks)
         done = {"user_message_id": user_msg_id, "message_id": answer.id, "finish_reason": result.finish_reason,
                 "token_count": result.token_count, "latency_ms": round(result.latency_ms, 1),
                 "content": answer.content}
@@ -336,10 +347,14 @@ def compare(conversation_id: int):
     messages = history(user_msg)
     settings = generation_settings()
     user_msg_id = user_msg.id
+    rail_a, rail_b = rail_for(route_a), rail_for(route_b)
     db.session.commit()  # end the read transaction: no database connection held while generating
     try:
         # both at once: one batch when both sides are the same model, two workers side by side otherwise
         result_a, result_b = generate_chats([(model_a, messages), (model_b, messages)], settings)
+        # a blocked side is regenerated alone (or refused), as the rail's settings say
+        outcome_a = guard_result(rail_a, messages, result_a, lambda: generate_chat(model_a, messages, settings))
+        outcome_b = guard_result(rail_b, messages, result_b, lambda: generate_chat(model_b, messages, settings))
     except Exception as exc:
         current_app.logger.exception("generation failed")
         db.session.rollback()
@@ -347,8 +362,8 @@ def compare(conversation_id: int):
             db.session.delete(db.session.get(Message, user_msg_id))
             db.session.commit()
         raise ServiceUnavailable(f"The model failed to answer ({type(exc).__name__}); please try again.") from exc
-    answer_a = _save_answer(user_msg.id, route_a, result_a)
-    answer_b = _save_answer(user_msg.id, route_b, result_b)
+    answer_a = _save_answer(user_msg.id, route_a, outcome_a.result, outcome_a.blocks)
+    answer_b = _save_answer(user_msg.id, route_b, outcome_b.result, outcome_b.blocks)
     pair = Comparison(user_id=user.id, prompt_message_id=user_msg.id, message_a_id=answer_a.id,
                       message_b_id=answer_b.id)
     db.session.add(pair)

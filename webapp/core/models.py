@@ -322,3 +322,47 @@ class Flag(db.Model):
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow, index=True)
 
     message = relationship("Message")
+
+
+# ---------------------------------------------------------------------------- safety rail (issue 17)
+# New tables only (create_schema() adds missing tables, never columns).
+
+RAIL_RULE_KINDS = ("phrase", "pattern", "preset")
+RAIL_ACTIONS = ("refused", "regenerated")
+
+
+class RailRule(db.Model):
+    """A rule of the output rail (rlhf.safety.rules): an admin's blocked phrase or pattern, or the
+    on/off state of a built-in personal-data preset (a preset without a row is on)."""
+
+    __tablename__ = "rail_rules"
+    __table_args__ = (UniqueConstraint("kind", "value", name="uq_rail_rules_kind_value"),
+                      CheckConstraint("kind IN ('phrase', 'pattern', 'preset')", name="ck_rail_rules_kind"))
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    value: Mapped[str] = mapped_column(String(400))
+    enabled: Mapped[bool] = mapped_column(default=True)
+    created_by: Mapped[Optional[int]] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class RailIntervention(db.Model):
+    """One answer the rail blocked: the reason (the rule, or "cost head p=0.93"), what was done
+    (refused, or regenerated: another answer was sampled), the text the model wrote (admins only),
+    the version that wrote it, and the message the user saw instead (null when none was stored)."""
+
+    __tablename__ = "rail_interventions"
+    __table_args__ = (CheckConstraint("action IN ('refused', 'regenerated')", name="ck_rail_interventions_action"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    message_id: Mapped[Optional[int]] = mapped_column(ForeignKey("messages.id", ondelete="SET NULL"), index=True)
+    user_id: Mapped[Optional[int]] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), index=True)
+    conversation_id: Mapped[Optional[int]] = mapped_column(ForeignKey("conversations.id", ondelete="SET NULL"))
+    reason: Mapped[str] = mapped_column(String(500))
+    kind: Mapped[str] = mapped_column(String(16))  # phrase / pattern / preset / cost / timeout
+    action: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    blocked_text: Mapped[str] = mapped_column(Text)
+    model_version_id: Mapped[Optional[int]] = mapped_column(ForeignKey("model_versions.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, index=True)
+
+    model_version = relationship("ModelVersion")

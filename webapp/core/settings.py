@@ -81,6 +81,12 @@ def _not_blank(value: str) -> str | None:
     return "must not be empty" if not value.strip() else None
 
 
+def _refusal_text(value: str) -> str | None:
+    if not value.strip():
+        return "must not be empty"
+    return "must be at most 500 characters" if len(value) > 500 else None
+
+
 def _http_url(value: str) -> str | None:
     ok = value.startswith(("http://", "https://")) and len(value) > 8
     return None if ok else "must be an http:// or https:// URL"
@@ -220,6 +226,22 @@ class Settings:
                                    "limit for all); never set it without a proxy, or clients can forge their "
                                    "address with `X-Forwarded-For`", "Feedback integrity", low=0, high=10)
     # ---- end of feedback integrity
+    # ---- safety (issue 17): the output rail
+    rail_enabled: bool = setting(True, "the output rail: every answer (streamed, regenerated, compared) is checked "
+                                 "before it is shown, against the blocked phrases and patterns and the personal-data "
+                                 "presets of the admin's Safety page, and the served version's cost head when it has "
+                                 "one; unsafe text is never sent. `0`: answers are shown unchecked", "Safety")
+    rail_action: str = setting("refuse", "what a blocked answer becomes: `refuse` (the refusal text at once; cheap "
+                               "and predictable) or `regenerate` (new answers are sampled, up to "
+                               "`RLHF_RAIL_REGENERATE_ATTEMPTS`, then the refusal)", "Safety",
+                               choices=("refuse", "regenerate"))
+    rail_refusal_text: str = setting("Sorry, I can't share that answer.", "the answer shown (and stored) in place of "
+                                     "a blocked one", "Safety", check=_refusal_text)
+    rail_cost_threshold: float = setting(0.9, "the cost head's flag probability at which an answer is blocked "
+                                         "(versions whose reward model has criterion heads; others are checked by "
+                                         "the rules only)", "Safety", above=0.0, high=1.0)
+    rail_regenerate_attempts: int = setting(2, "with `RLHF_RAIL_ACTION=regenerate`: new answers sampled before "
+                                            "refusing", "Safety", low=1, high=5)
     # training: the rlhf dataclasses themselves (device comes from the app's device above)
     training: CycleSettings = field(default_factory=CycleSettings)
 
