@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -97,6 +98,25 @@ def test_flags_train_a_safety_head_and_the_constraint_shows_on_the_run_page(inst
     curves = client.get(f"/api/admin/runs/{summary['run_id']}/curves").get_json()
     lam = curves["series"]["policy"]["safety/lambda"]
     assert [p["value"] for p in lam] == [p["safety/lambda"] for p in constraint["trajectory"]]
+
+    # the output rail of the new version reads its reward model's safety head (the rules aside)
+    rude_text = "Ugh, fine. Rinse the rice in cold water before you cook it. Stop bothering me."
+    polite_text = "Great question! Rinse the rice in cold water before you cook it. Hope this helps!"
+    question = [{"role": "user", "content": "How do I cook rice?"}]
+    with app.app_context():
+        from rlhf.criteria_model import CriteriaScorer
+        from webapp.safety.rail import reward_dir_of, rail_for
+
+        new_id = db.session.scalars(db.select(ModelVersion).order_by(ModelVersion.id.desc())).first().id
+        scorer = CriteriaScorer.load(reward_dir_of(new_id))
+        risky, safe = scorer.flag_risk([question] * 2, [rude_text, polite_text])
+        assert risky > safe
+        app.config["RLHF_RAIL_COST_THRESHOLD"] = (risky + safe) / 2
+        rail = rail_for(SimpleNamespace(version_id=new_id))
+        assert rail.risk is not None
+        blocked = rail.check(question, rude_text)
+        assert blocked is not None and blocked.kind == "cost" and "cost head" in blocked.reason
+        assert rail.check(question, polite_text) is None
 
     # an experiment between the parent and the new version: each arm's mean safety cost
     with app.app_context():
