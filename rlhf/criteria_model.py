@@ -161,22 +161,31 @@ class CriteriaScorer:
 
 class CostConstraint:
     """Safety as a constraint in TRL's PPO (Safe-RLHF's Lagrangian, by dual ascent as in PPO-Lagrangian):
-    each rollout's reward is ``reward - lambda * (cost - limit)``, both read at the answer's last token
-    from the reward model's backbone by its scalar head and its safety head, and after every PPO batch
-    ``lambda = max(0, lambda + lr * (mean cost - limit))``. The limit is the parent's expected cost:
-    the mean cost of the first batch, which the parent sampled before any update (plus a tolerance).
-    Subtracting the limit changes no preference between answers; it keeps the rewards' scale (the
-    costs are logits, mostly negative: ``- lambda * cost`` grew every reward with lambda, and the
-    value loss with it).
+    each rollout's reward is ``reward - lambda * (cost - limit)``, and after every PPO batch
+    ``lambda = max(0, lambda + lr * (mean cost - limit))``. The cost is the safety head's calibrated
+    probability that users would flag the answer (``criteria.json``), read at the answer's last token
+    from the reward model's backbone like the reward. The limit is the parent's expected cost: the
+    mean over answers the parent samples on the training prompts before any update
+    (``measure_parent``), plus a tolerance.
+
+    Why a probability rather than the head's logit: the constraint is then "the expected flag rate
+    does not rise", and the trade the policy may make is the right one. In logits a polite answer
+    (far below zero) made an answer without pleasantries look as costly as a rude one made it look
+    safe, so the cheapest way to hold the mean cost was back to pleasantries, and a preference that
+    asked for directness could not be learned without rudeness (benchmarks/safety_constraint.py).
+    Subtracting the limit changes no preference between answers; it keeps the rewards' scale.
 
     It replaces the reward model's score head in place (TRL's ``get_reward`` reads ``model.score`` on
     the backbone's last hidden states) and reads the attention mask from a hook on the backbone to
     find each sequence's last token, as ``get_reward`` does."""
 
     def __init__(self, reward_model: Any, cost_weight: torch.Tensor, lambda_init: float, lr: float,
-                 tolerance: float) -> None:
+                 tolerance: float, calibration: dict[str, float] | None = None) -> None:
         self.lam, self.lr, self.tolerance = float(lambda_init), float(lr), float(tolerance)
+        self.a, self.b = ((calibration or {}).get("a", 1.0), (calibration or {}).get("b", 0.0))
+        self.reward_model = reward_model
         self.limit: float | None = None
+        self.parent: dict[str, float] = {}
         self.trajectory: list[dict[str, float]] = []
         self._costs: list[torch.Tensor] = []
         self._rewards: list[torch.Tensor] = []
@@ -191,18 +200,56 @@ class CostConstraint:
     def _remember_mask(self, module: Any, args: tuple, kwargs: dict) -> None:
         self._mask = kwargs.get("attention_mask")
 
-    def record(self, both: torch.Tensor) -> None:
-        """The rollouts' rewards and costs at each sequence's last attended token; the first batch
-        sets the limit."""
-        if self._mask is None or both.dim() != 3:
+    def cost(self, logits: torch.Tensor) -> torch.Tensor:
+        """The safety head's logits as calibrated probabilities of a flag."""
+        return torch.sigmoid(self.a * logits + self.b)
+
+    def record(self, reward: torch.Tensor, cost: torch.Tensor) -> None:
+        """The rollouts' rewards and costs at each sequence's last attended token; without a
+        measured limit, the first batch (the parent's answers) sets it."""
+        if self._mask is None or reward.dim() != 2:
             return
         mask = self._mask.bool()
         last = mask.shape[1] - 1 - mask.flip(1).float().argmax(1)
-        rows = torch.arange(both.shape[0], device=both.device)
-        self._rewards.append(both[rows, last, 0].detach().float().cpu())
-        self._costs.append(both[rows, last, 1].detach().float().cpu())
-        if self.limit is None:  # the first batch: the parent's answers
+        rows = torch.arange(reward.shape[0], device=reward.device)
+        self._rewards.append(reward[rows, last].detach().float().cpu())
+        self._costs.append(cost[rows, last].detach().float().cpu())
+        if self.limit is None:
             self.limit = float(self._costs[-1].mean()) + self.tolerance
+
+    @torch.no_grad()
+    def measure_parent(self, policy: Any, queries: list[list[int]], pad_token_id: int, stop_token_id: int | None,
+                       response_length: int, temperature: float, samples: int = 64, batch_size: int = 16) -> None:
+        """The limit: the parent's expected cost on ``samples`` answers it samples to the training
+        prompts (token ids, cycled), as PPO samples them (TRL's generation and truncation)."""
+        from transformers import GenerationConfig
+        from trl.experimental.ppo.ppo_trainer import batch_generation, truncate_response
+        from trl.experimental.utils import get_reward
+
+        if not queries:
+            return
+        config = GenerationConfig(max_new_tokens=response_length, temperature=temperature + 1e-7, top_k=0,
+                                  top_p=1.0, do_sample=True)
+        device = next(policy.parameters()).device
+        picked = [queries[i % len(queries)] for i in range(samples)]
+        self._costs.clear()
+        self._rewards.clear()
+        self.limit = 0.0  # not None: measuring does not set it from the first batch
+        for i in range(0, len(picked), batch_size):
+            chunk = picked[i:i + batch_size]
+            width = max(map(len, chunk))
+            query = torch.tensor([[pad_token_id] * (width - len(q)) + q for q in chunk], device=device)
+            query_response, _ = batch_generation(policy, query, batch_size, pad_token_id, config)
+            response = query_response[:, width:]
+            if stop_token_id is not None:
+                response = truncate_response(stop_token_id, pad_token_id, response)
+            get_reward(self.reward_model, torch.cat((query, response), 1), pad_token_id, width)
+        costs, rewards = torch.cat(self._costs), torch.cat(self._rewards)
+        self._costs.clear()
+        self._rewards.clear()
+        self.parent = {"cost": round(float(costs.mean()), 4), "reward": round(float(rewards.mean()), 4),
+                       "samples": len(costs)}
+        self.limit = float(costs.mean()) + self.tolerance
 
     def step(self) -> dict[str, float]:
         """After a PPO batch: its mean cost and reward, the multiplier it was scored with, the update."""
@@ -224,7 +271,8 @@ class CostConstraint:
         if not t:
             return {}
         late = t[len(t) // 2:]  # the second half: where the policy settled
-        return {"limit": t[0]["safety/cost_limit"], "cost_first": t[0]["safety/cost"], "cost_last": t[-1]["safety/cost"],
+        return {"limit": t[0]["safety/cost_limit"], "parent": self.parent, "cost_first": t[0]["safety/cost"],
+                "cost_last": t[-1]["safety/cost"],
                 "cost_second_half": round(sum(p["safety/cost"] for p in late) / len(late), 4),
                 "lambda_first": t[0]["safety/lambda"], "lambda_last": round(self.lam, 4),
                 "lambda_max": round(max([p["safety/lambda"] for p in t] + [self.lam]), 4),
@@ -240,8 +288,14 @@ class _ConstrainedScore(torch.nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         both = self.both(hidden)
-        self.owner.record(both)
-        return both[..., :1] - self.owner.lam * (both[..., 1:2] - (self.owner.limit or 0.0))
+        reward, cost = both[..., 0], self.owner.cost(both[..., 1])
+        self.owner.record(reward, cost)
+        return (reward - self.owner.lam * (cost - (self.owner.limit or 0.0))).unsqueeze(-1)
+
+
+def safety_calibration(reward_dir: str | Path) -> dict[str, float] | None:
+    """The safety head's Platt calibration (``criteria.json``), None without one."""
+    return ((read_info(reward_dir) or {}).get("calibration") or {}).get(SAFETY)
 
 
 def cost_weight(reward_dir: str | Path) -> torch.Tensor | None:

@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from . import distributed
 from .chat_format import end_of_turn_id, end_of_turn_token
-from .criteria_model import CostConstraint, cost_weight
+from .criteria_model import CostConstraint, cost_weight, safety_calibration
 from .loading import resolve_device
 from .preference_data import to_standard
 from .rater_trust import resample_by_weight
@@ -162,7 +162,7 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
         value = _lora_value_model(value, settings)
     cost = cost_weight(reward_dir) if criteria is not None and criteria.enabled and criteria.constraint else None
     constraint = None if cost is None else CostConstraint(reward, cost, criteria.lambda_init, criteria.lambda_lr,
-                                                          criteria.cost_tolerance)
+                                                          criteria.cost_tolerance, safety_calibration(reward_dir))
 
     max_prompt = max(8, context_length(policy) - settings.response_length)
     rows = []
@@ -177,6 +177,12 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
         raise ValueError(f"PPO needs at least one batch of prompts per process: {len(rows)} prompts, batch size "
                          f"{settings.batch_size} x {distributed.world_size()} process(es)")
 
+    if constraint is not None:  # the limit: the parent's expected cost, before any update
+        torch.manual_seed(settings.seed)
+        reward.to(dev)
+        constraint.measure_parent(policy.to(dev), [r["input_ids"] for r in rows], tokenizer.pad_token_id,
+                                  end_of_turn_id(tokenizer), settings.response_length, settings.temperature,
+                                  samples=max(64, settings.batch_size), batch_size=settings.batch_size)
     episodes = settings.episodes
     if settings.max_steps:
         episodes = min(episodes, settings.max_steps * settings.batch_size)

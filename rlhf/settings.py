@@ -95,15 +95,17 @@ class CriteriaSettings:
     concision_weight: float = knob(0.5, "the same for concision", low=0.0)
     accuracy_weight: float = knob(0.5, "the same for accuracy", low=0.0)
     relevance_weight: float = knob(0.5, "the same for relevance", low=0.0)
-    constraint: bool = knob(True, "PPO keeps the expected safety cost of its answers no higher than the "
-                            "parent's: a Lagrange multiplier on the cost, raised while the cost is above the "
-                            "parent's and lowered while below (Safe-RLHF). False: safety is ignored by training "
-                            "(the gate still checks it)")
+    constraint: bool = knob(True, "PPO keeps the expected safety cost of its answers (the safety head's "
+                            "calibrated probability of a flag) no higher than the parent's: a Lagrange multiplier on "
+                            "the cost, raised while the cost is above the parent's and lowered while below "
+                            "(Safe-RLHF). False: safety is ignored by training (the gate still checks it)")
     lambda_init: float = knob(1.0, "starting Lagrange multiplier of the cost", low=0.0)
-    lambda_lr: float = knob(0.5, "step size of the multiplier's update after each PPO batch: lambda += lambda_lr * "
-                            "(the batch's mean cost - the limit), never below 0 (dual ascent)", above=0.0)
-    cost_tolerance: float = knob(0.0, "PPO's cost limit: the parent's expected cost (measured on the first batch, "
-                                 "sampled before any update) plus this, in the safety head's units", low=0.0)
+    lambda_lr: float = knob(10.0, "step size of the multiplier's update after each PPO batch: lambda += lambda_lr * "
+                            "(the batch's mean cost - the limit), never below 0 (dual ascent; the cost is a "
+                            "probability, so 10 moves lambda by 0.5 for a batch 5 points over its limit)", above=0.0)
+    cost_tolerance: float = knob(0.0, "PPO's cost limit: the parent's expected cost (the mean predicted flag "
+                                 "probability of 64 answers the parent samples to the training prompts before any "
+                                 "update) plus this", low=0.0, high=1.0)
 
     def weight_of(self, criterion: str) -> float:
         return float(getattr(self, f"{criterion}_weight", 0.0))

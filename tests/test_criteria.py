@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rlhf.criteria import SAFETY, LabelledAnswer, criterion_pairs, labels_of
-from rlhf.criteria_model import HEADS_FILE, CostConstraint, CriteriaScorer, answer_texts, cost_weight, set_scalar_head
+from rlhf.criteria_model import (HEADS_FILE, CostConstraint, CriteriaScorer, answer_texts, cost_weight,
+                                 safety_calibration, set_scalar_head)
 from rlhf.cycle import run_cycle
 from rlhf.evaluation import safety_reasons
 from rlhf.preference_data import build_datasets
@@ -136,7 +137,10 @@ def test_cost_constraint_scores_reward_minus_lambda_times_cost_above_the_limit(c
     out, _ = criteria_reward_dir
     model, tok = load_reward_model(out)
     scorer = CriteriaScorer.load(out)
-    constraint = CostConstraint(model, cost_weight(out), lambda_init=2.0, lr=0.5, tolerance=0.1)
+    calibration = safety_calibration(out)
+    assert calibration["a"] > 0  # a higher safety score is a likelier flag
+    constraint = CostConstraint(model, cost_weight(out), lambda_init=2.0, lr=0.5, tolerance=0.1,
+                                calibration=calibration)
     texts = answer_texts(tok, [Q] * 3, [RUDE, TERSE, POLITE])
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     width = max(map(len, ids))
@@ -151,17 +155,19 @@ def test_cost_constraint_scores_reward_minus_lambda_times_cost_above_the_limit(c
         _, helpful, _ = get_reward(plain, batch, pad, width - 4)
         _, cost, _ = get_reward(cost_model, batch, pad, width - 4)
     assert cost.tolist() == pytest.approx(scorer.score_texts(texts)[SAFETY], abs=0.1)  # padding moves it a little
+    cost = torch.sigmoid(calibration["a"] * cost + calibration["b"])  # the cost is the probability of a flag
+    assert cost.tolist() == pytest.approx(scorer.risk_of_costs(scorer.score_texts(texts)[SAFETY]), abs=0.05)
     limit = cost.mean().item() + 0.1
     assert constraint.limit == pytest.approx(limit, abs=1e-4)  # the first batch: the parent's cost
     expected = [h - 2.0 * (c - limit) for h, c in zip(helpful.tolist(), cost.tolist())]
     assert score.tolist() == pytest.approx(expected, abs=1e-4)
     point = constraint.step()  # the batch's mean cost is below its limit (by the tolerance): lambda falls
     assert point["safety/lambda"] == 2.0 and constraint.lam == pytest.approx(2.0 - 0.5 * 0.1, abs=1e-4)
-    constraint.limit -= 10  # a batch far above the limit: lambda rises
+    constraint.limit -= 1.0  # a batch far above the limit: lambda rises
     with torch.no_grad():
         get_reward(model, batch, pad, width - 4)
     constraint.step()
-    assert constraint.lam > 6.0
+    assert constraint.lam > 2.0
     constraint.limit += 1000  # far below: lambda falls to 0, never below
     with torch.no_grad():
         get_reward(model, batch, pad, width - 4)
@@ -192,6 +198,8 @@ def test_a_cycle_with_flags_constrains_ppo_and_reports_every_criterion(micro_mod
     if constraint:
         assert c["batches"] == result.policy["updates"] == 8
         assert [p["safety/cost_limit"] for p in c["trajectory"]] == [c["limit"]] * 8
+        assert c["parent"]["samples"] == 64 and c["limit"] == pytest.approx(c["parent"]["cost"], abs=1e-3)
+        assert all(0.0 <= p["safety/cost"] <= 1.0 for p in c["trajectory"])
         assert any("safety constraint: cost" in line for line in lines)
     else:
         assert c is None
