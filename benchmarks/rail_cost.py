@@ -6,9 +6,15 @@ phrases and ``--patterns`` patterns an admin might add, none of which the answer
 every answer is checked in full and shown) and one with ``RLHF_RAIL_ENABLED=0``. One user asks
 each server in turn (alternating which goes first), the same prompts. Reports the median time to
 first token (first ``token`` event), total time (through the ``done`` event) and the streaming
-rate, and the ratios rail on / off. A cost head is not measured (no version has one yet).
+rate, and the ratios rail on / off.
 
-    .venv/bin/python benchmarks/rail_cost.py [--model DIR] [--runs 30] [--json]
+A third server (``--cost-head``, on by default) serves a version whose reward model has a safety head
+(rlhf.criteria_model; trained here first on simulated feedback with flags, about 15 s): the rail then
+also scores the text so far with the head at each sentence end before releasing it. Its threshold is
+set above any probability, so the head is computed on every sentence and never blocks (a refusal
+would shorten the answer and flatter the ratio).
+
+    .venv/bin/python benchmarks/rail_cost.py [--model DIR] [--runs 30] [--no-cost-head] [--json]
 """
 from __future__ import annotations
 
@@ -32,21 +38,41 @@ from tests.conftest import cached_model, make_app, register_model  # noqa: E402
 from tests.live_server import LiveServer  # noqa: E402
 
 
-def server(model_dir: Path, rail: bool, phrases: int, patterns: int) -> LiveServer:
-    instance = Path(tempfile.mkdtemp(prefix=f"bench-rail-{'on' if rail else 'off'}-")) / "instance"
+def safety_reward_model(model_dir: Path) -> Path:
+    """A reward model with criterion heads (a safety head among them) on ``model_dir``'s backbone."""
+    from rlhf.preference_data import build_datasets
+    from rlhf.reward_model import train_reward_model
+    from rlhf.settings import RewardSettings
+    from rlhf.simulated_users import Behaviour, simulate_records
+
+    bundle = build_datasets(simulate_records([(30, 10, "direct", Behaviour(chip_prob=0.5, flag_prob=0.3))])[0])
+    out = Path(tempfile.mkdtemp(prefix="bench-rail-reward-"))
+    metrics = train_reward_model(model_dir, bundle.pairs["train"], bundle.pairs["eval"], out, RewardSettings(), "cpu",
+                                 criteria_rows=bundle.criteria)
+    assert "safety" in metrics["criteria"]["heads"], metrics["criteria"]
+    return out
+
+
+def server(model_dir: Path, rail: bool, phrases: int, patterns: int, reward_dir: Path | None = None) -> LiveServer:
+    name = "cost" if reward_dir else "on" if rail else "off"
+    instance = Path(tempfile.mkdtemp(prefix=f"bench-rail-{name}-")) / "instance"
     app = make_app(instance)
     register_model(app, model_dir)
-    if rail:
-        from webapp.core.extensions import db
-        from webapp.core.models import RailRule
+    from webapp.core.extensions import db
+    from webapp.core.models import ModelVersion, RailRule
 
-        with app.app_context():
+    with app.app_context():
+        if rail:
             db.session.add_all([RailRule(kind="phrase", value=f"forbidden phrase number {i}") for i in range(phrases)])
             db.session.add_all([RailRule(kind="pattern", value=rf"secret[- ]?code[- ]?{i}\d{{4}}")
                                 for i in range(patterns)])
-            db.session.commit()
+        if reward_dir:  # the served version's reward model: the rail loads its safety head
+            version = db.session.scalars(db.select(ModelVersion)).one()
+            version.metrics = {"reward_model_path": str(reward_dir)}
+        db.session.commit()
     return LiveServer(instance, env={"RLHF_DEVICE": "cpu", "RLHF_RATELIMIT_ENABLED": "0",
-                                     "RLHF_INFERENCE_THREADS": "1", "RLHF_RAIL_ENABLED": "1" if rail else "0"})
+                                     "RLHF_INFERENCE_THREADS": "1", "RLHF_RAIL_ENABLED": "1" if rail else "0",
+                                     **({"RLHF_RAIL_COST_THRESHOLD": "1.0"} if reward_dir else {})})
 
 
 def main() -> None:
@@ -55,11 +81,15 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=30, help="answers per side")
     ap.add_argument("--phrases", type=int, default=20)
     ap.add_argument("--patterns", type=int, default=5)
+    ap.add_argument("--no-cost-head", dest="cost_head", action="store_false",
+                    help="leave out the third server (rail with a cost head)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     model_dir = args.model or cached_model("default")
     sides = {"rail_on": server(model_dir, True, args.phrases, args.patterns),
              "rail_off": server(model_dir, False, 0, 0)}
+    if args.cost_head:
+        sides["rail_cost_head"] = server(model_dir, True, args.phrases, args.patterns, safety_reward_model(model_dir))
     rows: dict[str, list] = {name: [] for name in sides}
     try:
         clients = {}
@@ -75,7 +105,7 @@ def main() -> None:
         order = list(sides)
         for i in range(args.runs):
             p = prompts[i % len(prompts)]
-            for name in (order if i % 2 == 0 else order[::-1]):  # alternate which side goes first
+            for name in (order if i % 2 == 0 else order[::-1]):  # alternate the order of the sides
                 rows[name].append(streamed_http(*clients[name], p))
     finally:
         for srv in sides.values():
@@ -88,6 +118,7 @@ def main() -> None:
                 "tokens": statistics.median(x[2] for x in r)}
 
     on, off = summary(rows["rail_on"]), summary(rows["rail_off"])
+    head = summary(rows["rail_cost_head"]) if "rail_cost_head" in rows else None
     result = {"runs": args.runs, "model": str(model_dir), "rules": {"presets": 5, "phrases": args.phrases,
                                                                       "patterns": args.patterns},
               "rail_on": on, "rail_off": off,
@@ -96,6 +127,10 @@ def main() -> None:
               "per_token_ratio": on["ms_per_token"] / off["ms_per_token"],
               "ttft_overhead_ms": on["ttft_ms"] - off["ttft_ms"], "total_overhead_ms": on["total_ms"] - off["total_ms"],
               "load_average": os.getloadavg()}
+    if head is not None:
+        result["rail_cost_head"] = head
+        result["cost_head_per_token_ratio"] = head["ms_per_token"] / off["ms_per_token"]
+        result["cost_head_ttft_ratio"] = head["ttft_ms"] / off["ttft_ms"]
     # the rail is on by default, so it must cost little: at most 10 % of an answer's time (per token)
     result["target_per_token_ratio"] = "<= 1.10"
     result["met"] = result["per_token_ratio"] <= 1.10
@@ -103,7 +138,7 @@ def main() -> None:
         print(json.dumps(result, indent=2))
         return
     print(f"{'':10}{'TTFT ms':>10}{'total ms':>10}{'tokens/s':>10}{'tokens':>8}")
-    for name, r in (("rail on", on), ("rail off", off)):
+    for name, r in (("rail on", on), ("rail off", off)) + ((("cost head", head),) if head else ()):
         print(f"{name:10}{r['ttft_ms']:>10.1f}{r['total_ms']:>10.1f}{r['tokens_per_s']:>10.1f}{r['tokens']:>8.0f}")
     print(f"ratios on/off: TTFT {result['ttft_ratio']:.2f}, total {result['total_ratio']:.2f}, "
           f"per token {result['per_token_ratio']:.2f}; "
