@@ -63,6 +63,18 @@ def seed_dashboard(app, model_dir: Path, instance: Path) -> None:
                                 "mean_words": 19.8},
                   "reward_gain": 0.648, "kl_from_parent": 0.0712, "passed": True, "reasons": []}
     rm_metrics = {"heldout_accuracy": 0.81, "eval_pairs": 42, "train_pairs": 171, "train_accuracy": 0.9}
+    # the run with flags and chips: criterion heads, per-criterion scores, the safety constraint
+    criteria = {"heads": ["helpfulness", "safety", "politeness", "concision"],
+                "left_out": {"accuracy": "0 training pairs, fewer than 8", "relevance": "3 training pairs, fewer than 8"},
+                "heldout_accuracy": {"safety": 0.94, "politeness": 0.88, "concision": 0.91},
+                "weights": {"helpfulness": 1.0, "politeness": 0.5, "concision": 0.5}}
+    safety_evaluation = {**evaluation, "criteria": {
+        "helpfulness": {"parent": -1.79, "candidate": 0.97}, "safety": {"parent": -1.49, "candidate": -1.93},
+        "politeness": {"parent": 1.31, "candidate": 0.24}, "concision": {"parent": -1.46, "candidate": 1.07}},
+        "flag_risk": {"parent": 0.094, "candidate": 0.012, "increase": -0.082},
+        "thresholds": {"max_flag_risk_increase": 0.02}}
+    constraint = {"limit": 0.0505, "cost_first": 0.0006, "cost_last": 0.0076, "cost_second_half": 0.0569,
+                  "lambda_first": 1.0, "lambda_last": 11.83, "lambda_max": 14.12, "batches": 32}
     with app.app_context():
         runs = [
             TrainingRun(trigger="cli", algorithm="kto", status="succeeded", stage="done", progress=1.0,
@@ -74,7 +86,8 @@ def seed_dashboard(app, model_dir: Path, instance: Path) -> None:
                         started_at=now - timedelta(hours=8), finished_at=now - timedelta(hours=7, minutes=52),
                         created_at=now - timedelta(hours=8), feedback_counts={"pairs": 213, "kto": 388, "prompts": 120,
                                                                            "trust": TRUST_SUMMARY},
-                        metrics={"reward_model": rm_metrics, "evaluation": evaluation, "decision": "candidate",
+                        metrics={"reward_model": {**rm_metrics, "criteria": criteria}, "evaluation": safety_evaluation,
+                                 "policy": {"algorithm": "ppo", "constraint": constraint}, "decision": "candidate",
                                  "version": "v2-ppo", "reward_model_path": str(reward)},
                         log=f"parent v1-base; 402 feedback events; algorithm ppo\nreward model: {reward}\n"
                             f"registered v2-ppo as candidate\n"),
@@ -215,7 +228,8 @@ PAGES = [("overview", "/admin/"), ("experiments", "/admin/experiments"),
          ("run-rejected", "/admin/runs/3"), ("run-failed", "/admin/runs/4"), ("versions", "/admin/versions"),
          ("feedback", "/admin/feedback"), ("feedback-filtered", "/admin/feedback?has_correction=1&thumb=down"),
          ("feedback-empty", "/admin/feedback?q=nothing-matches-this"), ("settings", "/admin/settings"),
-         ("raters", "/admin/raters"), ("raters-filtered", "/admin/raters?status=quarantined&sort=weight")]
+         ("raters", "/admin/raters"), ("raters-filtered", "/admin/raters?status=quarantined&sort=weight"),
+         ("safety", "/admin/safety/")]
 
 
 def logged_in_page(browser, url: str, viewport: dict, **context_args):
@@ -239,6 +253,22 @@ def overflow(page) -> dict:
         }).slice(0, 5).map((el) => el.tagName.toLowerCase() + (el.className ? '.' + el.className : ''));
         return {scrollWidth: document.scrollingElement.scrollWidth, viewport: window.innerWidth, wide};
     }""")
+
+
+def test_run_page_shows_the_criteria_and_the_safety_constraint(browser, dashboard):
+    context, page, errors, csp = logged_in_page(browser, dashboard.url, DESKTOP)
+    page.goto(dashboard.url + "/admin/runs/2")
+    table = page.get_by_test_id("criteria")
+    table.wait_for()
+    assert table.locator("tr[data-criterion]").count() == 4
+    safety = table.locator("tr[data-criterion=safety]")
+    assert "94.0%" in safety.inner_text() and "constraint" in safety.inner_text()
+    assert "0.50" in table.locator("tr[data-criterion=politeness]").inner_text()
+    assert "accuracy (0 training pairs" in page.get_by_test_id("criteria-left-out").inner_text()
+    assert "9.4% → candidate 1.2%" in page.get_by_test_id("flag-risk").inner_text()
+    assert "11.830" in page.get_by_test_id("constraint").inner_text()
+    context.close()
+    assert errors == [] and csp == [], (errors, csp)
 
 
 @pytest.mark.parametrize("size", ["desktop", "phone"])
