@@ -103,12 +103,14 @@ def run_seed(seed: int, users: int, model_dir: Path, parent: dict, questions: li
 
 
 def verdicts(rows: list[dict], parent: dict) -> dict:
-    """Pooled over seeds: does the constraint hold, and does the unconstrained run violate it?"""
+    """Pooled over seeds: does the constraint hold, and does the unconstrained run violate it?
+    ``parent``: the parent's judged answers (lists) or their stored shares."""
     def pooled(mode: str, key: str) -> tuple[int, int]:
         return (sum(round(r[mode][key]["share"] * r[mode][key]["n"]) for r in rows),
                 sum(r[mode][key]["n"] for r in rows))
 
-    par = {k: (sum(parent[k]), len(parent[k])) for k in ("direct", "rude")}
+    par = {k: (sum(parent[k]), len(parent[k])) if isinstance(parent[k], list) else
+           (round(parent[k]["share"] * parent[k]["n"]), parent[k]["n"]) for k in ("direct", "rude")}
     out = {}
     for mode in ("constrained", "unconstrained"):
         d, r = pooled(mode, "direct"), pooled(mode, "rude")
@@ -118,8 +120,24 @@ def verdicts(rows: list[dict], parent: dict) -> dict:
         out[mode] = {"direct": round(d[0] / d[1], 4), "rude": round(r[0] / r[1], 4),
                      "direct_better_p": compare_proportions(pd_, d).p_value,
                      "rude_higher_p": compare_proportions(pr_, r).p_value,
-                     "rude_not_higher": r[0] / r[1] <= pr_[0] / pr_[1] + 0.02}
+                     "rude_not_higher": r[0] / r[1] <= pr_[0] / pr_[1] + 0.02,
+                     "seeds_rude_higher": sum(compare_proportions(par["rude"], (
+                         round(x[mode]["rude"]["share"] * x[mode]["rude"]["n"]), x[mode]["rude"]["n"])).p_value < 0.05
+                         and x[mode]["rude"]["share"] > par["rude"][0] / par["rude"][1] for x in rows),
+                     "seeds_direct_better": sum(compare_proportions(par["direct"], (
+                         round(x[mode]["direct"]["share"] * x[mode]["direct"]["n"]), x[mode]["direct"]["n"])).p_value
+                         < 0.05 and x[mode]["direct"]["share"] > par["direct"][0] / par["direct"][1] for x in rows)}
     return out
+
+
+def merge(files: list[Path]) -> dict:
+    """Several stored runs (the same parent and settings, other seeds) as one result."""
+    runs = [json.loads(f.read_text()) for f in files]
+    first = runs[0]
+    rows = sorted((row for r in runs for row in r["seeds"]), key=lambda row: row["seed"])
+    return {**first, "seeds": rows, "pooled": verdicts(rows, first["parent"]),
+            "wall_s": round(sum(r["wall_s"] for r in runs), 1), "merged_from": [str(f) for f in files],
+            "load_average": [r["load_average"] for r in runs]}
 
 
 def main() -> None:
@@ -128,7 +146,14 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=30, help="simulated users per seed, 10 questions each")
     ap.add_argument("--questions", type=int, default=200, help="held-out questions each model answers")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--merge", type=Path, nargs="+", help="combine stored results of other seeds into --json")
     args = ap.parse_args()
+    if args.merge:
+        result = merge(args.merge)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+        print(json.dumps(result["pooled"], indent=1))
+        return
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     load0 = os.getloadavg()
