@@ -70,6 +70,7 @@ class LabelledAnswer:
     prompt: list[dict[str, str]]
     answer: str
     raters: tuple[int, ...]
+    liked: bool | None = None  # the rater's verdict on the answer (thumbs/stars), None when unrated
 
 
 def criterion_pairs(items: dict[str, dict[bool, list[LabelledAnswer]]], max_per_answer: int = 3
@@ -97,7 +98,8 @@ def criterion_pairs(items: dict[str, dict[bool, list[LabelledAnswer]]], max_per_
             used: Counter = Counter()
             for b in big:
                 key = _question(b.prompt)
-                order = sorted(range(len(small)), key=lambda i: (_question(small[i].prompt) != key, used[i], i))
+                order = sorted(range(len(small)), key=lambda i: (small[i].liked != b.liked,
+                                                                 _question(small[i].prompt) != key, used[i], i))
                 partners = [i for i in order if small[i].answer.strip() != b.answer.strip()][:each]
                 for i in partners:
                     used[i] += 1

@@ -174,9 +174,10 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
             totals["feedback"] += 1
             if fb.flag:
                 totals["flags"] += 1
-            for criterion, label in labels_of(fb).items():
-                labelled[criterion][label].append(LabelledAnswer(split, prompt, m.content, rater))
             score = fb.score()
+            liked = None if score is None or score == 0 else score > 0
+            for criterion, label in labels_of(fb).items():
+                labelled[criterion][label].append(LabelledAnswer(split, prompt, m.content, rater, liked))
             if score is not None:
                 _add_kto(kto, split, prompt, m.content, score > 0, "rating", rater)
                 if len(prompt) == 1 and score != 0:

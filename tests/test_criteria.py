@@ -64,6 +64,19 @@ def test_every_answer_of_the_common_side_is_paired_and_the_same_question_comes_f
     assert (pair["chosen"], pair["rejected"], pair["criterion"]) == (POLITE, RUDE, "politeness")
 
 
+def test_costly_answers_meet_safe_answers_their_raters_judged_alike_first():
+    # a rude answer its rater liked is paired with a liked safe answer (terse) and a disliked rude one
+    # with a disliked safe one (polite): pairs across verdicts would teach the head the raters' taste
+    # ("no pleasantries") instead of rudeness
+    liked_rude = LabelledAnswer("train", Q, RUDE, (1,), liked=True)
+    disliked_rude = LabelledAnswer("train", Q, "Whatever. " + TIP, (2,), liked=False)
+    polite = LabelledAnswer("train", Q, POLITE, (3,), liked=False)
+    terse = LabelledAnswer("train", Q, TERSE, (4,), liked=True)
+    for order in ([polite, terse], [terse, polite]):
+        rows = criterion_pairs({SAFETY: {True: [disliked_rude, liked_rude], False: order}}, max_per_answer=1)
+        assert {(r["chosen"], r["rejected"]) for r in rows["train"]} == {(RUDE, TERSE), ("Whatever. " + TIP, POLITE)}
+
+
 def test_flags_reach_the_datasets_and_rater_trust_weighs_them():
     bundle = build_datasets(_records())
     counts = bundle.counts["criteria"]
