@@ -467,7 +467,7 @@ def test_stars_are_a_keyboard_radio_group(page, store):
     show(page, ids["id"])
     stars = page.locator(".assistant-message .star")
     assert [stars.nth(i).get_attribute("tabindex") for i in range(5)] == ["0", "-1", "-1", "-1", "-1"]
-    page.locator(".assistant-message .thumb-down").focus()
+    page.locator(".assistant-message .flag-btn").focus()  # thumbs, the flag, then the stars
     page.keyboard.press("Tab")
     expect(stars.nth(0)).to_be_focused()
     # keyboard focus is visible
