@@ -254,6 +254,16 @@ def sse_events(resp) -> list[tuple[str, dict]]:
     return events
 
 
+def login_admin(client, username: str, password: str) -> None:
+    """Sign ``client`` (a Flask test client) in on the admin login form, with its CSRF token."""
+    import re
+
+    page = client.get("/admin/login").get_data(as_text=True)
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+    resp = client.post("/admin/login", data={"username": username, "password": password, "csrf_token": csrf})
+    assert resp.status_code in (302, 303), resp.data[:300]
+
+
 def flask_cli(*args: str):
     """Run ``flask --app webapp ARGS`` in-process (the app from the environment's settings)."""
     from click.testing import CliRunner

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +13,7 @@ from rlhf import corpus
 from rlhf.preferences import direct, rude
 from rlhf.simulated_users import answer_chips
 from tests.conftest import flask_cli as cli
+from tests.conftest import login_admin
 from tests.conftest import make_app, register_model
 from tests.feedback_factory import add_exchange, corpus_answer
 from webapp.core.extensions import db
@@ -64,10 +64,7 @@ def instance(tmp_path, micro_model_dir, monkeypatch):
 
 
 def _login(client) -> None:
-    page = client.get("/admin/login").get_data(as_text=True)
-    csrf = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
-    resp = client.post("/admin/login", data={"username": "root", "password": PASSWORD, "csrf_token": csrf})
-    assert resp.status_code in (302, 303), resp.data[:300]
+    login_admin(client, "root", PASSWORD)
 
 
 @pytest.mark.slow

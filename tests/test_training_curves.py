@@ -3,12 +3,12 @@ trains; the admin API serves them as series; RLHF_TENSORBOARD=1 adds TensorBoard
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
 from rlhf.curves import CurvesFile, read_curves, series
 from tests.conftest import flask_cli as cli
+from tests.conftest import login_admin
 from tests.conftest import make_app, register_model, seeded_instance
 from webapp.core.extensions import db
 from webapp.core.models import TrainingRun
@@ -51,10 +51,7 @@ def increasing(steps: list[int]) -> bool:
 
 
 def _login(client) -> None:
-    page = client.get("/admin/login").get_data(as_text=True)
-    csrf = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
-    resp = client.post("/admin/login", data={"username": "root", "password": PASSWORD, "csrf_token": csrf})
-    assert resp.status_code in (302, 303), resp.data[:300]
+    login_admin(client, "root", PASSWORD)
 
 
 @pytest.mark.slow
