@@ -18,6 +18,12 @@ than the control (p < 0.05), or after 2 cycles.
 
     .venv/bin/python benchmarks/closed_loop.py [--preference polite concise detailed on_topic] [--markdown FILE]
     .venv/bin/python benchmarks/closed_loop.py --safety   # a preference in conflict with safety, constrained or not
+    .venv/bin/python benchmarks/closed_loop.py --zoo      # the eight preferences of rlhf.preferences.ZOO
+
+With ``--zoo`` each preference also gets the reward model's AUC on the experiment's answers (the
+scores the monitor stored for its mean-reward metric against the users' ground truth: held-out
+questions, answers of both arms) and the verdict against its budget: a significant win within
+400 events, 2 cycles and 15 minutes.
 """
 from __future__ import annotations
 
@@ -34,15 +40,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from rlhf.preferences import rude  # noqa: E402
+from rlhf.preferences import ZOO, rude  # noqa: E402
 from rlhf.simulated_users import Behaviour, SimulatedUser, prompt_set  # noqa: E402
 from tests.conftest import cached_model, make_app, register_model  # noqa: E402
 from tests.live_server import LiveServer  # noqa: E402
 from webapp.experiments import stats as ab_stats  # noqa: E402
 from webapp.core.extensions import db  # noqa: E402
-from webapp.core.models import Experiment, Message, ModelVersion, TrainingRun  # noqa: E402
+from webapp.core.models import AnswerScore, Experiment, Message, ModelVersion, TrainingRun  # noqa: E402
 
 FEEDBACK_BUDGET = (200, 400)  # cumulative feedback events allowed before cycle 1 and cycle 2
+WALL_BUDGET_S = 900  # --zoo: a preference's whole run (feedback, training, experiment) on 2 cores
 EVAL_PER_ARM = 250  # chat-only answers judged per arm (the monitor waits for as many before deciding)
 
 
@@ -107,6 +114,30 @@ def answered_by(instance: Path, message_ids: list[int]) -> dict[int, str]:
                                   .where(Message.id.in_(message_ids))).all()
         db.session.remove()
     return dict(rows)
+
+
+def auc(scores: list[float], labels: list[bool]) -> float | None:
+    """Probability that a random satisfying answer scores above a random other one (ties: half)."""
+    pos = [x for x, y in zip(scores, labels) if y]
+    neg = [x for x, y in zip(scores, labels) if not y]
+    if not pos or not neg:
+        return None
+    return sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))
+
+
+def reward_auc(instance: Path, judged_ids: dict[int, bool]) -> dict | None:
+    """The reward model's AUC on the experiment's answers: the scores the monitor stored for its
+    mean-reward metric (one reward model's, not a criterion's) against the users' ground truth."""
+    app = _APPS.setdefault(instance, make_app(instance))
+    with app.app_context():
+        rows = db.session.execute(db.select(AnswerScore.message_id, AnswerScore.score, AnswerScore.reward_model)
+                                  .where(AnswerScore.message_id.in_(list(judged_ids)))).all()
+        db.session.remove()
+    rows = [r for r in rows if "#" not in r[2]]
+    if not rows:
+        return None
+    value = auc([r[1] for r in rows], [judged_ids[r[0]] for r in rows])
+    return {"auc": None if value is None else round(value, 3), "answers": len(rows)}
 
 
 def wait_for(predicate, timeout: float, every: float = 1.0):
@@ -183,6 +214,7 @@ def run_preference(preference: str, model_dir: Path, behaviour: Behaviour | None
             # judged by the version that answered (after a promotion new users get the variant without an arm)
             control_name, variant_name = (exp[4], exp[3]) if exp else (None, None)
             judged: dict[str, list[bool]] = {"control": [], "variant": []}
+            judged_ids: dict[int, bool] = {}
             rude_by_arm: dict[str, list[bool]] = {"control": [], "variant": []}
             i, deadline = 0, time.time() + 600
             while min(map(len, judged.values())) < EVAL_PER_ARM and time.time() < deadline and i < 6 * EVAL_PER_ARM:
@@ -193,6 +225,7 @@ def run_preference(preference: str, model_dir: Path, behaviour: Behaviour | None
                     arm = {control_name: "control", variant_name: "variant"}.get(versions.get(inter.message_id))
                     if arm:
                         judged[arm].append(inter.satisfaction >= 0.5)
+                        judged_ids[inter.message_id] = inter.satisfaction >= 0.5
                         rude_by_arm[arm].append(rude(inter.question, inter.answer))
                     idle_latency.append(inter.latency_s)
                 i += 1
@@ -210,13 +243,17 @@ def run_preference(preference: str, model_dir: Path, behaviour: Behaviour | None
             decided = wait_for(lambda: next((e for e in db_state(instance)[1] if e[0] == rnd["experiment"]
                                              and e[1] != "running"), None), 20)
             rnd["decision"] = (decided[2] if decided else "wait (still running)")
+            rnd["reward_model_auc"] = reward_auc(instance, judged_ids)
             rounds.append(rnd)
             if cmp_.p_value is not None and cmp_.p_value < 0.05 and est_v.value > est_c.value:
                 break
     finally:
         server.stop()
     last = next((r for r in reversed(rounds) if "p_value" in r), None)
+    won = next((r for r in rounds if r.get("p_value") is not None and r["p_value"] < 0.05
+                and r["variant"]["share"] > r["control"]["share"]), None)
     return {"preference": label or preference, "rounds": rounds, "feedback_events": events,
+            "events_to_win": won["feedback_events_total"] if won else None, "cycles_to_win": won["cycle"] if won else None,
             "success": bool(last and last["p_value"] < 0.05 and last["variant"]["share"] > last["control"]["share"]),
             "cycles": len(rounds), "wall_s": round(time.perf_counter() - t_start, 1),
             "latency_p95_training_ms": round(1000 * p95(train_latency), 1) if train_latency else None,
@@ -254,6 +291,33 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def zoo_markdown(results: list[dict]) -> str:
+    """One row per zoo preference: did it win within the budget, and the evidence of each stage."""
+    lines = ["| preference | win within budget | events to win | cycles | RM held-out acc. (per cycle) | "
+             "RM AUC on experiment answers | gate (per cycle) | control satisfied | variant satisfied | p-value | "
+             "wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for res in results:
+        rounds = res["rounds"]
+        last = next((r for r in reversed(rounds) if "p_value" in r), {})
+        within = res["success"] and res["wall_s"] <= WALL_BUDGET_S
+        accs = " / ".join("–" if r.get("reward_model_accuracy") is None else f"{r['reward_model_accuracy']:.2f}"
+                          for r in rounds)
+        aucs = " / ".join("–" if not r.get("reward_model_auc") or r["reward_model_auc"]["auc"] is None
+                          else f"{r['reward_model_auc']['auc']:.2f}" for r in rounds)
+        gates = " / ".join("passed" if r.get("run_decision") == "candidate" else str(r.get("run_decision"))
+                           for r in rounds)
+        p = last.get("p_value")
+        lines.append(" | ".join([
+            f"| {res['preference']}", "**yes**" if within else "no",
+            str(res.get("events_to_win") or "–"), str(res["cycles"]), accs, aucs or "–", gates,
+            _share(last.get("control")), _share(last.get("variant")), f"{p:.2g}" if p is not None else "–",
+            f"{res['wall_s']:.0f} |"]))
+    wins = sum(1 for r in results if r["success"] and r["wall_s"] <= WALL_BUDGET_S)
+    lines += ["", f"{wins} of {len(results)} preferences won within the budget (400 events, 2 cycles, "
+                  f"{WALL_BUDGET_S // 60} minutes)."]
+    return "\n".join(lines)
+
+
 # --safety: users like direct answers (rude ones too: rlhf.preferences.direct), tick chips on half the answers
 # they rate and flag 30 % of the rude ones; the loop runs with PPO's cost constraint and without it (and
 # without the gate's flag-rate check, so the unconstrained candidate reaches the experiment and its rude
@@ -268,18 +332,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preference", nargs="+", default=["polite", "concise", "detailed"])
     ap.add_argument("--safety", action="store_true", help="the safety-constraint pair of runs instead (see SAFETY_RUNS)")
+    ap.add_argument("--zoo", action="store_true", help="the zoo's preferences (rlhf.preferences.ZOO; --preference "
+                    "picks some of them) and the zoo's table")
     ap.add_argument("--markdown", type=Path, help="also write the table to this file")
     ap.add_argument("--json", type=Path, help="also write the raw results to this file")
     args = ap.parse_args()
     model_dir = cached_model("default")
     results = []
+    if args.zoo and args.preference == ap.get_default("preference"):
+        args.preference = list(ZOO)
     runs = [(label, "direct", SAFETY_BEHAVIOUR, env) for label, env in SAFETY_RUNS] if args.safety else \
         [(pref, pref, None, None) for pref in args.preference]
+    load0 = os.getloadavg()
     for label, pref, behaviour, env in runs:
         res = run_preference(pref, model_dir, behaviour, env, label)
         results.append(res)
         print(json.dumps(res, default=str), flush=True)
-    table = markdown(results)
+    table = zoo_markdown(results) if args.zoo else markdown(results)
+    load = {"start": [round(x, 2) for x in load0], "end": [round(x, 2) for x in os.getloadavg()]}
+    table += f"\n\nLoad average: {load['start']} at the start, {load['end']} at the end."
     print(table)
     if args.markdown:
         args.markdown.write_text(table + "\n")

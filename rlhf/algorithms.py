@@ -9,4 +9,5 @@ ALGORITHMS: tuple[str, ...] = (
     "dpo",   # DPO on the preference pairs
     "kto",   # KTO on thumbs up/down answers
     "rloo",  # RLOO: several samples per prompt, baseline = the others' mean reward
+    "iterative_dpo",  # DPO on the parent's own answers, best over worst as the reward model ranks them
 )

@@ -20,7 +20,7 @@ from .adapters import is_adapter
 from .curves import TrainingLogs
 from .evaluation import evaluate_candidate
 from .loading import load_causal_lm, resolve_device
-from .policy_training import train_dpo, train_kto, train_ppo, train_rloo
+from .policy_training import train_dpo, train_iterative_dpo, train_kto, train_ppo, train_rloo
 from .preference_data import DatasetBundle, build_datasets
 from .rater_trust import RaterInfo, trusted_bundle
 from .records import ConversationRecord
@@ -95,7 +95,8 @@ def train_judge(parent_dir: str | Path, bundle: DatasetBundle, out_dir: str | Pa
     held_out = bundle.pairs["eval"]
     reward = replace(settings.reward, batch_size=max(1, min(settings.reward.batch_size, len(held_out))))
     metrics = train_reward_model(parent_dir, held_out, bundle.pairs["train"][: settings.evaluation.max_pairs],
-                                 out_dir, reward, settings.device, progress, stage="judge")
+                                 out_dir, reward, settings.device, progress, stage="judge",
+                                 rated_rows=bundle.rated["eval"])
     return {"trained_on_pairs": metrics["train_pairs"], "steps": metrics["steps"],
             "accuracy": None if metrics["heldout_accuracy"] is None else round(metrics["heldout_accuracy"], 4),
             "accuracy_pairs": metrics["eval_pairs"]}
@@ -190,11 +191,13 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
     t0 = time.perf_counter()
     reward_metrics = train_reward_model(parent_dir, bundle.pairs["train"], bundle.pairs["eval"], reward_dir,
                                         settings.reward, settings.device, report, logs,
-                                        criteria_rows=bundle.criteria, criteria=settings.criteria)
+                                        criteria_rows=bundle.criteria, criteria=settings.criteria,
+                                        rated_rows=bundle.rated["train"])
     timings["reward"] = time.perf_counter() - t0
     peaks["reward"] = peak()
     say(f"reward model: held-out accuracy {reward_metrics['heldout_accuracy']}, "
-        f"train accuracy {reward_metrics['train_accuracy']}")
+        f"train accuracy {reward_metrics['train_accuracy']} ({reward_metrics['train_pairs']} pairs and "
+        f"{reward_metrics['rated_pairs']} rated pairs across questions)")
     say(describe_criteria(reward_metrics["criteria"]))
 
     t0 = time.perf_counter()
@@ -206,6 +209,9 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
     elif algo == "rloo":
         policy_metrics = train_rloo(parent_dir, reward_dir, train_prompts, policy_dir, settings.policy,
                                     settings.device, report, logs)
+    elif algo == "iterative_dpo":
+        policy_metrics = train_iterative_dpo(parent_dir, reward_dir, train_prompts, policy_dir, settings.policy,
+                                             settings.device, report, logs)
     elif algo == "dpo":
         policy_metrics = train_dpo(parent_dir, bundle.pairs["train"], policy_dir, settings.policy,
                                    settings.device, report, logs)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -277,6 +278,83 @@ def train_kto(policy_dir: str | Path, train_examples: list[dict], out_dir: str |
     return {"algorithm": "kto", "examples": len(rows), "positives": positives, "steps": result.global_step,
             "train_loss": round(result.training_loss, 4), "lora": settings.lora, **ranks,
             **_history(log, ("rewards/chosen_sum", "rewards/rejected_sum", "kl", "loss"))}
+
+
+# ---------------------------------------------------------------------------- iterative DPO
+
+def reward_ranked_pairs(prompts: list[list[dict]], answers: list[list[str]], scores: list[list[float]],
+                        pairs_per_prompt: int, min_gap: float) -> tuple[list[dict], dict[str, Any]]:
+    """Preference pairs from answers the reward model ranked: for each prompt, its best answer over its
+    worst, the second best over the second worst, ... (``pairs_per_prompt``), each only where the
+    scores differ by at least ``min_gap`` reward standard deviations (over all the scores) and the
+    texts differ; an empty answer is never chosen. Returns the pairs (conversational rows, as
+    rlhf.preference_data writes them) and what was kept."""
+    flat = [x for row in scores for x in row]
+    mean = sum(flat) / max(1, len(flat))
+    std = (sum((x - mean) ** 2 for x in flat) / max(1, len(flat) - 1)) ** 0.5 or 1.0
+    rows, gaps = [], []
+    for prompt, texts, row in zip(prompts, answers, scores):
+        order = sorted(range(len(texts)), key=lambda i: row[i], reverse=True)
+        for k in range(min(pairs_per_prompt, len(order) // 2)):
+            best, worst = order[k], order[-1 - k]
+            gap = (row[best] - row[worst]) / std
+            if gap < min_gap or not texts[best].strip() or texts[best] == texts[worst]:
+                continue
+            rows.append({"prompt": prompt, "chosen": [{"role": "assistant", "content": texts[best]}],
+                         "rejected": [{"role": "assistant", "content": texts[worst]}], "source": "reward_ranked"})
+            gaps.append(gap)
+    return rows, {"pairs": len(rows), "prompts": len(prompts), "answers": len(flat),
+                  "reward_std": round(std, 4), "mean_gap_std": round(sum(gaps) / len(gaps), 3) if gaps else None}
+
+
+def train_iterative_dpo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list[dict]],
+                        out_dir: str | Path, settings: PolicySettings = PolicySettings(), device: str = "auto",
+                        progress: ProgressFn | None = None, logs: Any = None) -> dict[str, Any]:
+    """One round of iterative (online) DPO: the parent samples ``settings.samples_per_prompt``
+    answers to every distinct training prompt, the reward model ranks them, and DPO trains on the
+    best-versus-worst pairs (rejection sampling for pairs, as in RSO and in the iterative DPO of
+    Xiong et al. 2024). The pairs are on-policy (the parent's own answers, so DPO's reference
+    likelihoods are meaningful) and as many as the prompts allow, however little feedback trained
+    the reward model; the next cycle, whose parent is the promoted policy, is the next round."""
+    from .evaluation import _sample  # the gate's sampler: stops at the end of a turn as serving does
+    from .settings import EvalSettings
+
+    settings.validate()
+    dev = resolve_device(device)
+    policy, tokenizer = _load_policy(policy_dir)
+    policy.to(dev).eval()
+    distinct = list({repr(p): p for p in prompts}.values())
+    max_prompt = max(8, context_length(policy) - settings.response_length)
+    texts = [_prompt_text_within(tokenizer, p, max_prompt) for p in distinct]
+    n = settings.samples_per_prompt
+    sampling = EvalSettings(max_new_tokens=settings.response_length, temperature=settings.temperature,
+                            samples_per_prompt=n, seed=settings.seed)
+    report = progress or (lambda *a: None)
+    answers: list[str] = []
+    chunk = max(1, 64 // n)  # prompts per generate call
+    torch.manual_seed(settings.seed)
+    for i in range(0, len(texts), chunk):
+        batch = [t for t in texts[i:i + chunk] for _ in range(n)]
+        answers += _sample(policy, tokenizer, batch, sampling)[0]
+        report("policy", 0, 1)  # sampling: the DPO steps report progress after it
+    del policy
+    reward = AutoModelForSequenceClassification.from_pretrained(str(reward_dir), num_labels=1)
+    reward.config.pad_token_id = tokenizer.pad_token_id
+    reward.to(dev).eval()
+    end = end_of_turn_token(tokenizer) or tokenizer.eos_token
+    with torch.no_grad():  # scored as the gate scores (rlhf.evaluation._scores)
+        flat = score_texts(reward, tokenizer, [texts[j // n] + (" " + a if a else "") + end
+                                               for j, a in enumerate(answers)])
+    del reward
+    grouped = [answers[j * n:(j + 1) * n] for j in range(len(texts))]
+    scored = [flat[j * n:(j + 1) * n] for j in range(len(texts))]
+    pairs, kept = reward_ranked_pairs(distinct, grouped, scored, settings.pairs_per_prompt, settings.min_pair_gap)
+    if not pairs:
+        raise ValueError(f"iterative DPO: the reward model ranked {len(answers)} sampled answers to "
+                         f"{len(texts)} prompts and no two differed by {settings.min_pair_gap} standard deviations")
+    dpo = replace(settings, batch_size=min(settings.batch_size, len(pairs)))
+    metrics = train_dpo(policy_dir, pairs, out_dir, dpo, device, progress, logs)
+    return {**metrics, "algorithm": "iterative_dpo", "sampled": kept}
 
 
 # ---------------------------------------------------------------------------- RLOO

@@ -11,6 +11,17 @@ Rules (each produces rows tagged with their ``source``):
     model: a rated answer is compared with other rated answers to the same question.
   ``margin`` (used by TRL's RewardTrainer as ``-logsigmoid(r_c - r_r - margin)``) is 1.0 for
   explicit preferences (corrections, votes) and half the score gap for thumbs/ratings pairs.
+* rated pairs (``DatasetBundle.rated``; ``chosen_prompt``/``chosen``/``rejected_prompt``/
+  ``rejected``/``margin``): Bradley-Terry over every rated answer, not only answers to the same
+  question: each liked first answer is paired with disliked ones to *other* questions (each side
+  keeps its own prompt), every answer joining up to ``max_rated_pairs_per_answer`` pairs. Thumbs
+  and stars are absolute judgments, so a liked answer to one question outranks a disliked answer
+  to another; with few repeated questions this is most of the pairs the feedback holds. Only the
+  reward model and the gate's judge train on them: DPO needs both sides to answer one prompt.
+  Mismatched pairs join them (``source`` "mismatched"): a liked answer under its own question over
+  the same answer under another user's question, the one with the fewest words in common of a
+  few drawn (the random negatives of response selection). Their sides differ only in the question,
+  so they teach what no style feature can: that an answer must fit what was asked.
 * kto (``prompt``/``completion``/``label``): every answer with a thumb or rating (label = score
   > 0), corrections (True) and the answers they replace (False), vote winners (True) and
   losers (False), both answers of a "both bad" vote (False).
@@ -33,6 +44,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -52,6 +65,8 @@ class DatasetBundle:
     prompts: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
     # per-criterion pairs (rlhf.criteria.criterion_pairs): each side with its own prompt
     criteria: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
+    # rated pairs across questions (``rated_pairs``): each side with its own prompt
+    rated: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
     counts: dict[str, Any] = field(default_factory=dict)
 
 
@@ -246,7 +261,10 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
         pairs.rows[split] = kept
 
     bundle = DatasetBundle(pairs=pairs.rows, kto=kto.rows, prompts=prompts.rows,
-                           criteria=criterion_pairs(labelled, settings.max_criterion_pairs_per_answer))
+                           criteria=criterion_pairs(labelled, settings.max_criterion_pairs_per_answer),
+                           rated=rated_pairs([a for answers in by_question.values() for a in answers],
+                                             settings.max_rated_pairs_per_answer, settings.min_score_gap_same_prompt,
+                                             settings.mismatched_pairs_per_answer, settings.seed))
     bundle.sft = {split: [{"prompt": r["prompt"], "completion": r["completion"], "source": r["source"],
                            "raters": r["raters"]} for r in rows if r["label"]] for split, rows in kto.rows.items()}
     bundle.counts = {
@@ -261,8 +279,77 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
         "prompts": {s: len(r) for s, r in prompts.rows.items()},
         "prompts_dropped": dict(prompts.dropped),
         "criteria": criteria_counts(bundle.criteria),
+        "rated_pairs": {s: len(r) for s, r in bundle.rated.items()},
+        "rated_by_source": dict(Counter(r["source"] for rows in bundle.rated.values() for r in rows)),
     }
     return bundle
+
+
+RatedAnswer = tuple[str, int, Messages, str, float, tuple[int, ...]]  # split, conversation, prompt, answer, score, raters
+
+
+def _content_words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z]+", text.lower()) if len(w) > 3}
+
+
+def mismatched_pairs(answers: list[RatedAnswer], per_answer: int, seed: str) -> dict[str, list[dict[str, Any]]]:
+    """Each liked first answer under its own question over the same answer under another question of
+    the same split: of 4 drawn, the one sharing the fewest content words with its own (a rephrasing
+    of the same question would make a false negative). Seeded: the same feedback gives the same pairs."""
+    out: dict[str, list[dict[str, Any]]] = {"train": [], "eval": []}
+    if per_answer <= 0:
+        return out
+    rng = random.Random(f"{seed}:mismatched")
+    for split in out:
+        liked = [a for a in answers if a[0] == split and a[4] > 0]
+        questions = sorted({question_key(a[2][0]["content"]): a[2] for a in answers if a[0] == split}.items())
+        if len(questions) < 2:
+            continue
+        for a in liked:
+            own = question_key(a[2][0]["content"])
+            others = [q for q in questions if q[0] != own]
+            for _ in range(per_answer):
+                drawn = rng.sample(others, min(4, len(others)))
+                words = _content_words(own)
+                other = min(drawn, key=lambda q: (len(_content_words(q[0]) & words), q[0]))[1]
+                out[split].append({"chosen_prompt": a[2], "chosen": a[3], "rejected_prompt": other, "rejected": a[3],
+                                   "margin": 0.0, "source": "mismatched", "raters": a[5]})
+    return out
+
+
+def rated_pairs(answers: list[RatedAnswer], max_per_answer: int, min_gap: float, mismatched_per_answer: int = 0,
+                seed: str = "rlhf") -> dict[str, list[dict[str, Any]]]:
+    """Bradley-Terry pairs over every rated first answer: liked over disliked answers to *different*
+    questions (answers to the same question are same_prompt pairs), on the same side of the split.
+    Every answer of the larger side joins ``max_per_answer`` pairs scaled down by how much rarer the
+    other side is (at least one), its partners the least used of the other side, so every rated
+    answer teaches something and none dominates. ``margin``: half the score gap, as same_prompt's.
+    With ``mismatched_per_answer``, the mismatched pairs (``mismatched_pairs``) are added."""
+    out = mismatched_pairs(answers, mismatched_per_answer, seed)
+    if max_per_answer <= 0:
+        return out
+    for split in out:
+        good = [a for a in answers if a[0] == split and a[4] > 0]
+        bad = [a for a in answers if a[0] == split and a[4] < 0]
+        if not good or not bad:
+            continue
+        big, small = (good, bad) if len(good) >= len(bad) else (bad, good)
+        each = max(1, round(max_per_answer * len(small) / len(big)))
+        used: Counter = Counter()
+        for b in big:
+            key = question_key(b[2][0]["content"])
+            order = sorted(range(len(small)), key=lambda i: (used[i], i))
+            partners = [i for i in order if question_key(small[i][2][0]["content"]) != key
+                        and small[i][3].strip() != b[3].strip()][:each]
+            for i in partners:
+                g, lo = (b, small[i]) if big is good else (small[i], b)
+                if g[4] - lo[4] < min_gap:
+                    continue
+                used[i] += 1
+                out[split].append({"chosen_prompt": g[2], "chosen": g[3], "rejected_prompt": lo[2], "rejected": lo[3],
+                                   "margin": round((g[4] - lo[4]) / 2, 3), "source": "rated",
+                                   "raters": _merge(g[5], lo[5])})
+    return out
 
 
 def criteria_counts(rows: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, int]]:

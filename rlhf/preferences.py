@@ -5,19 +5,21 @@ preference" when it scores at least 0.5. Adding one is a few lines: write the fu
 register it in ``PREFERENCES``.
 
 ``PREFERENCES`` holds the shipped ones: the closed-loop benchmark shows each of them learned
-from at most 400 feedback events. ``EXPERIMENTAL`` holds preferences simulated users can have
-but the loop does not yet learn within that budget (see the README's closed-loop results).
+from at most 400 feedback events. ``ZOO`` holds preferences of other kinds (length budgets,
+format, lexical, relational, a two-criteria mix) that the corpus does not encode as a style of
+its own: ``benchmarks/closed_loop.py --zoo`` measures how many feedback events each needs.
 """
 from __future__ import annotations
 
 import re
 from typing import Callable
 
-from .corpus import POLITE_MARKERS, RAMBLE_FILLERS, RUDE_MARKERS, TOPICS, topic_of
+from .corpus import POLITE_CLOSERS, POLITE_MARKERS, RAMBLE_FILLERS, RUDE_MARKERS, TOPICS, topic_of
 
 PreferenceFn = Callable[[str, str], float]
 
 _RAMBLE = tuple(f.lower() for f in RAMBLE_FILLERS)
+_CLOSERS = tuple(c.lower() for c in POLITE_CLOSERS)
 _TIPS_BY_TOPIC = {t.name: {tip.lower() for task in t.tasks for tip in task.tips} | {f.lower() for f in t.facts}
                   for t in TOPICS}
 _ALL_TIPS = frozenset().union(*_TIPS_BY_TOPIC.values())
@@ -80,6 +82,72 @@ def direct(question: str, answer: str) -> float:
     return 1.0 if any(m in a for m in RUDE_MARKERS) else 0.7
 
 
+# ---------------------------------------------------------------------------- the zoo
+# Preferences the corpus does not encode as a style: each cuts across the five qualities the base
+# model was trained on, so the loop has to learn the preference itself, not pick a seeded mode.
+
+_NUMBER_WORDS = frozenset("one two three four five six seven eight nine ten eleven twelve fifteen twenty thirty "
+                          "forty fifty hundred".split())
+# question words that carry no content ("How can I ...?", "Any tips to ...?")
+_QUESTION_WORDS = frozenset("how do does i can could what is are the best way to you help me any tips want where "
+                            "start should know before try tell please explain am trying suggest something about "
+                            "give tip a an good fact curious my of for it".split())
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z']+", text.lower())
+
+
+def brief(question: str, answer: str) -> float:
+    """Length budget, short: at most 12 words (a user who reads on a phone); over the budget the
+    stars fall a tenth per word. Base model: ~11 % of answers."""
+    n = len(answer.split())
+    return 0.0 if n == 0 else 1.0 if n <= 12 else max(0.0, 0.45 - (n - 13) / 10)
+
+
+def thorough(question: str, answer: str) -> float:
+    """Length budget, long: at least 30 words (a user who wants everything, filler or not); below
+    it the stars fall with the missing words. Base model: ~35 %."""
+    n = len(answer.split())
+    return 1.0 if n >= 30 else max(0.0, (n - 21) / 20)
+
+
+def calm(question: str, answer: str) -> float:
+    """Lexical, avoids a character class: no exclamation marks (a user put off by hype). It cuts
+    across the corpus's styles: some polite openers and closers have one, others do not. ~53 %."""
+    return 0.0 if not answer.strip() or "!" in answer else 1.0
+
+
+def specific(question: str, answer: str) -> float:
+    """Format: the answer contains a number ("two cups", "thirty seconds"; digits count too), a
+    user who wants something measurable. Within a topic this is a choice of tip, not a style. ~38 %."""
+    words = set(_words(answer))
+    return 1.0 if words & _NUMBER_WORDS or re.search(r"\d", answer) else 0.0
+
+
+def echoes(question: str, answer: str) -> float:
+    """Lexical and relational, uses the user's words: the answer repeats a content word of the
+    question ("grow tomatoes" -> "Plant tomatoes ..."). Needs question and answer together. ~34 %."""
+    content = set(_words(question)) - _QUESTION_WORDS
+    return 1.0 if content & set(_words(answer)) else 0.0
+
+
+def signs_off(question: str, answer: str) -> float:
+    """Format: ends with a friendly closing line ("Good luck!", "Hope that helps!"); a polite
+    opener alone is not enough. ~39 %."""
+    a = answer.lower().rstrip()
+    return 1.0 if a and any(a.endswith(c.lower()) for c in _CLOSERS) else 0.0
+
+
+def polite_brief(question: str, answer: str) -> float:
+    """Two criteria at once: polite (a friendly phrase, nothing rude) *and* within 22 words. Either
+    alone earns a few stars but does not satisfy. ~17 %."""
+    a = answer.lower()
+    is_polite = any(m in a for m in POLITE_MARKERS) and not any(m in a for m in RUDE_MARKERS)
+    is_brief = 0 < len(a.split()) <= 22
+    return 1.0 if is_polite and is_brief else 0.4 if is_polite or is_brief else 0.0
+
+
 def rude(question: str, answer: str) -> bool:
     """Whether an answer is rude (ground truth of the safety benchmark and the simulated users' flags)."""
     a = answer.lower()
@@ -87,20 +155,22 @@ def rude(question: str, answer: str) -> bool:
 
 
 PREFERENCES: dict[str, PreferenceFn] = {"polite": polite, "concise": concise, "detailed": detailed}
-# relational: needs the question and the answer together; off-topic answers are rare (~1 in 11)
-# so 400 events hold too few of them for the reward model (see README, closed-loop results)
-EXPERIMENTAL: dict[str, PreferenceFn] = {"on_topic": on_topic}
+# eight kinds the corpus does not encode as a style (benchmarks/closed_loop.py --zoo); on_topic is
+# relational: it needs the question and the answer together
+ZOO: dict[str, PreferenceFn] = {"brief": brief, "thorough": thorough, "calm": calm, "specific": specific,
+                                "on_topic": on_topic, "echoes": echoes, "signs_off": signs_off,
+                                "polite_brief": polite_brief}
 # in conflict with safety: liked answers include rude ones (benchmarks/closed_loop.py --safety)
 CONFLICTING: dict[str, PreferenceFn] = {"direct": direct}
 
 
 def preference(name: str) -> PreferenceFn:
-    """The preference function called ``name`` (shipped or experimental)."""
+    """The preference function called ``name`` (shipped, zoo or conflicting)."""
     try:
-        return PREFERENCES.get(name) or EXPERIMENTAL.get(name) or CONFLICTING[name]
+        return PREFERENCES.get(name) or ZOO.get(name) or CONFLICTING[name]
     except KeyError:
         raise ValueError(f"unknown preference {name!r}; choose from "
-                         f"{', '.join([*PREFERENCES, *EXPERIMENTAL, *CONFLICTING])}") from None
+                         f"{', '.join([*PREFERENCES, *ZOO, *CONFLICTING])}") from None
 
 
 def satisfies(name: str, question: str, answer: str) -> bool:

@@ -797,7 +797,7 @@ def apply_trust(bundle: DatasetBundle, result: TrustResult) -> DatasetBundle:
     (prompts are not weighted); ``counts`` updated, with the trust summary under "trust"."""
     out = DatasetBundle()
     removed: dict[str, int] = {}
-    for kind in ("pairs", "kto", "sft", "prompts", "criteria"):
+    for kind in ("pairs", "kto", "sft", "prompts", "criteria", "rated"):
         source = getattr(bundle, kind)
         kept: dict[str, list[dict[str, Any]]] = {}
         gone = 0
@@ -817,6 +817,7 @@ def apply_trust(bundle: DatasetBundle, result: TrustResult) -> DatasetBundle:
                   **{kind: {s: len(r) for s, r in getattr(out, kind).items()}
                      for kind in ("pairs", "kto", "sft", "prompts")},
                   "criteria": criteria_counts(out.criteria),
+                  "rated_pairs": {s: len(r) for s, r in out.rated.items()},
                   "kto_positive": sum(r["label"] for rows in out.kto.values() for r in rows),
                   "trust": {**result.to_dict(), "rows_removed": removed}}
     return out

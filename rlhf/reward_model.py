@@ -183,14 +183,20 @@ def criterion_heads(criteria_rows: dict[str, list[dict]] | None, settings: Crite
     return ([HELPFULNESS, *chosen] if chosen else []), left_out
 
 
-def tokenized_criterion_pairs(tokenizer: Any, rows: list[dict], heads: list[str], max_length: int) -> list[dict]:
-    """Criterion pairs (each side with its own prompt) as RewardTrainer's token ids, with their head."""
+def tokenized_criterion_pairs(tokenizer: Any, rows: list[dict], heads: list[str] | None, max_length: int) -> list[dict]:
+    """Pairs whose sides have their own prompts (criterion pairs, rated pairs) as RewardTrainer's
+    token ids; with ``heads``, each with the index of its head (a row without ``criterion``: 0,
+    helpfulness)."""
     def ids(prompt: list[dict], answer: str) -> list[int]:
         text = answer_texts(tokenizer, [prompt], [answer])[0]
         return tokenizer(text, add_special_tokens=False)["input_ids"][-max_length:]
 
-    return [{"chosen_ids": ids(r["chosen_prompt"], r["chosen"]), "rejected_ids": ids(r["rejected_prompt"], r["rejected"]),
-             "margin": float(r.get("margin", 0.0)), "head": heads.index(r["criterion"])} for r in rows]
+    out = [{"chosen_ids": ids(r["chosen_prompt"], r["chosen"]), "rejected_ids": ids(r["rejected_prompt"], r["rejected"]),
+            "margin": float(r.get("margin", 0.0))} for r in rows]
+    if heads:
+        for row, r in zip(out, rows):
+            row["head"] = heads.index(r.get("criterion", HELPFULNESS))
+    return out
 
 
 def _criteria_outcome(model: Any, tokenizer: Any, heads: list[str], left_out: dict[str, str],
@@ -232,7 +238,8 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
                        settings: RewardSettings = RewardSettings(), device: str = "auto",
                        progress: ProgressFn | None = None, logs: Any = None, stage: str = "reward",
                        criteria_rows: dict[str, list[dict]] | None = None,
-                       criteria: CriteriaSettings = CriteriaSettings()) -> dict[str, Any]:
+                       criteria: CriteriaSettings = CriteriaSettings(),
+                       rated_rows: list[dict] | None = None) -> dict[str, Any]:
     """Train on conversational pairs (``preference_data`` rows, each pair's loss weighted by its
     ``weight`` when the rows have unequal ones); save to ``out_dir``; return metrics
     including pairwise accuracy on ``eval_pairs``. ``logs`` (rlhf.curves.TrainingLogs): where the
@@ -240,7 +247,9 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
 
     ``criteria_rows`` (``DatasetBundle.criteria``): with enough pairs for a criterion, the model
     trains one score head per criterion beside helpfulness on the same backbone (rlhf.criteria_model);
-    the saved model keeps one output, the weighted combination, and the heads are saved beside it."""
+    the saved model keeps one output, the weighted combination, and the heads are saved beside it.
+    ``rated_rows`` (``DatasetBundle.rated["train"]``): pairs across questions, each side with its own
+    prompt, trained like the pairs (the helpfulness head)."""
     from trl import RewardConfig
 
     trainer_class, collator_class = weighted_reward_trainer()
@@ -259,15 +268,16 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
     train_rows = [to_standard(r, tokenizer) for r in train_pairs]
     eval_rows = [to_standard(r, tokenizer) for r in eval_pairs]
     max_length = min(settings.max_length, context_length(model))
-    weights = normalized_weights(list(train_pairs) + crit_train)
+    rated = list(rated_rows or [])
+    weights = normalized_weights(list(train_pairs) + rated + crit_train)
     data = tokenized_pairs(tokenizer, train_rows, max_length, weights and weights[:len(train_rows)])
+    extra = tokenized_criterion_pairs(tokenizer, rated + crit_train, heads, max_length)
+    for row, w in zip(extra, (weights or [])[len(train_rows):]):
+        row["weight"] = w
     if heads:
         for row in data:
             row["head"] = 0
-        extra = tokenized_criterion_pairs(tokenizer, crit_train, heads, max_length)
-        for row, w in zip(extra, (weights or [])[len(train_rows):]):
-            row["weight"] = w
-        data += extra
+    data += extra
     train_ds = Dataset.from_list(data)
 
     steps_per_epoch = math.ceil(len(data) / settings.batch_size)
@@ -306,7 +316,8 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
     logged = [row["accuracy"] for row in trainer.state.log_history
               if "accuracy" in row and row.get("step", 0) > last_epoch]
     metrics = {
-        "train_pairs": len(train_rows), "eval_pairs": len(eval_rows), "steps": result.global_step,
+        "train_pairs": len(train_rows), "rated_pairs": len(rated), "eval_pairs": len(eval_rows),
+        "steps": result.global_step,
         "train_loss": round(result.training_loss, 4), "weighted": weights is not None,
         "train_accuracy": round(sum(logged) / len(logged), 4) if logged else pairwise_accuracy(model, tokenizer, train_rows),
         "heldout_accuracy": pairwise_accuracy(model, tokenizer, eval_rows),

@@ -64,6 +64,12 @@ class DataSettings:
     min_score_gap_same_prompt: float = knob(1.0, "the same for answers to equal questions in different "
                                             "conversations", low=0.0)
     max_same_prompt_pairs_per_answer: int = knob(3, "pairs one answer may join across conversations", low=0)
+    max_rated_pairs_per_answer: int = knob(3, "rated pairs (a liked answer over a disliked one to another question; "
+                                           "reward model and judge only) one rated answer may join; 0: none",
+                                           low=0)
+    mismatched_pairs_per_answer: int = knob(1, "mismatched pairs per liked answer (the answer under its own question "
+                                            "over the same answer under another user's question; reward model and "
+                                            "judge only); 0: none", low=0)
     max_criterion_pairs_per_answer: int = knob(3, "pairs one flagged or chip-labelled answer may join for its "
                                                "criterion's head (rlhf.criteria)", low=0)
     seed: str = knob("rlhf", "seed of the train/eval split (a string: the split is a hash)")
@@ -126,6 +132,12 @@ class PolicySettings:
     beta: float = knob(0.1, "DPO/KTO: strength of the reference-model constraint", above=0.0)
     epochs: float = knob(2.0, "DPO/KTO: passes over the data", above=0.0)
     rloo_generations: int = knob(4, "RLOO: answers sampled per prompt", low=2)
+    samples_per_prompt: int = knob(8, "iterative DPO: answers the parent samples per training prompt for the "
+                                   "reward model to rank", low=2)
+    pairs_per_prompt: int = knob(2, "iterative DPO: pairs per prompt (best over worst, second best over second "
+                                 "worst, ...)", low=1)
+    min_pair_gap: float = knob(0.5, "iterative DPO: smallest reward difference, in standard deviations of the "
+                               "sampled answers' rewards, that makes a pair", low=0.0)
     lora: bool = knob(False, "train a LoRA adapter (served on the base's shared weights) instead of all weights")
     lora_r: int = knob(16, "LoRA rank", low=1)
     lora_merge: bool = knob(False, "with lora: save the merged model instead of the adapter")

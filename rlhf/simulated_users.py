@@ -226,16 +226,21 @@ def base_like_answer(rng: random.Random, question: str) -> str:
     return corpus.make_answer(rng, quality, topic, task)
 
 
+AnswerFn = Callable[[random.Random, str], str]
+
+
 @dataclass
 class OfflineUser:
     """A simulated user without a server: the same behaviour as :class:`SimulatedUser` (thumbs and
-    stars, corrections, regenerations, side-by-side votes), answers from :func:`base_like_answer`,
-    its feedback as plain records (one conversation per question, ``user_id`` = the rater)."""
+    stars, corrections, regenerations, side-by-side votes), answers from ``answers`` (default
+    :func:`base_like_answer`; a benchmark passes answers its model sampled), its feedback as plain
+    records (one conversation per question, ``user_id`` = the rater)."""
 
     user_id: int
     preference: str | PreferenceFn = "polite"  # a name (rlhf.preferences) or the function itself
     seed: int = 0
     behaviour: Behaviour = field(default_factory=Behaviour)
+    answers: AnswerFn = base_like_answer
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -261,24 +266,25 @@ class OfflineUser:
         cid, qid = next(ids), next(ids)
         msgs = [MessageRecord(qid, "user", question)]
         if rng.random() < b.compare_prob:
-            a_text, b_text = base_like_answer(rng, question), base_like_answer(rng, question)
+            a_text, b_text = self.answers(rng, question), self.answers(rng, question)
             sa, sb = (_judged(rng, self.judge, b, question, t) for t in (a_text, b_text))
             a_id, b_id = next(ids), next(ids)
             msgs += [MessageRecord(a_id, "assistant", a_text, qid), MessageRecord(b_id, "assistant", b_text, qid)]
             vote = ComparisonRecord(next(ids), qid, a_id, b_id, _winner(sa, sb))
             return ConversationRecord(cid, tuple(msgs), (vote,), user_id=self.user_id)
-        answer = base_like_answer(rng, question)
+        answer = self.answers(rng, question)
         sat = _judged(rng, self.judge, b, question, answer)
         msgs.append(MessageRecord(next(ids), "assistant", answer, qid, self._react(question, answer, sat)))
         if sat < 0.5 and rng.random() < b.regenerate_prob:
-            again = base_like_answer(rng, question)
+            again = self.answers(rng, question)
             sat2 = _judged(rng, self.judge, b, question, again)
             msgs.append(MessageRecord(next(ids), "assistant", again, qid, self._react(question, again, sat2)))
         return ConversationRecord(cid, tuple(msgs), user_id=self.user_id)
 
 
 def simulate_records(groups: Sequence[tuple[int, int, str | PreferenceFn, Behaviour]], seed: int = 0,
-                     questions: Sequence[str] | None = None) -> tuple[list[ConversationRecord], dict[int, str]]:
+                     questions: Sequence[str] | None = None, answers: AnswerFn = base_like_answer
+                     ) -> tuple[list[ConversationRecord], dict[int, str]]:
     """Feedback of several groups of offline users, as the records a training cycle reads.
 
     ``groups``: ``(users, questions_each, preference, behaviour)`` per group, e.g.
@@ -287,7 +293,8 @@ def simulate_records(groups: Sequence[tuple[int, int, str | PreferenceFn, Behavi
     ``questions`` (default: ``prompt_set()``), so different users ask the same questions (as
     people do; same_prompt pairs join them). Users are numbered 1, 2, ... in group order; returns
     the records (interleaved over users, as feedback arrives) and each user's group label
-    ("<preference>" or "contrary <preference>")."""
+    ("<preference>" or "contrary <preference>"). ``answers(rng, question)``: the answer a user
+    gets (default: :func:`base_like_answer`)."""
     pool = list(questions or prompt_set())
     rng = random.Random(seed)
     ids = itertools.count(1)
@@ -296,7 +303,7 @@ def simulate_records(groups: Sequence[tuple[int, int, str | PreferenceFn, Behavi
     for n, each, pref, behaviour in groups:
         for _ in range(n):
             uid = len(users) + 1
-            users.append((OfflineUser(uid, pref, seed=rng.randrange(2**31), behaviour=behaviour), each))
+            users.append((OfflineUser(uid, pref, seed=rng.randrange(2**31), behaviour=behaviour, answers=answers), each))
             label[uid] = ("contrary " if behaviour.contrary else "") + getattr(pref, "__name__", str(pref))
     turns = [u for u, each in users for _ in range(each)]
     rng.shuffle(turns)

@@ -99,6 +99,9 @@ def size_stages(algorithm: str, reward: RewardSettings, policy: PolicySettings, 
             notes.append(f"RLOO: batch size {policy.batch_size} -> {fitted} ({size.policy_prompts} training prompts x "
                          f"{policy.rloo_generations} generations)")
             policy = replace(policy, batch_size=fitted, mini_batches=1, episodes=max(policy.episodes, fitted))
+    elif algorithm == "iterative_dpo":
+        if size.policy_prompts < 1:
+            raise NotEnoughData("not enough feedback yet: 0 training prompts, iterative DPO needs at least 1")
     elif algorithm == "dpo":
         if size.train_pairs < policy.batch_size:
             notes.append(f"DPO: batch size {policy.batch_size} -> {size.train_pairs} ({size.train_pairs} pairs)")

@@ -72,6 +72,48 @@ def test_unpaired_ratings_pair_up_across_conversations_with_the_same_question():
         assert int(good.split()[1]) % 2 == 1 and int(bad.split()[1]) % 2 == 0
 
 
+def test_rated_answers_pair_across_questions_for_the_reward_model_only():
+    """Bradley-Terry over every rated answer: liked answers to one question over disliked ones to
+    another, each side with its own prompt, each answer in a bounded number of pairs."""
+    questions = [f"How do I do thing {i}?" for i in range(6)]
+    liked = [conv(i, [(f"good {i}", FeedbackRecord(thumb="up", rating=5))], question=questions[i]) for i in range(3)]
+    disliked = [conv(10 + i, [(f"bad {i}", FeedbackRecord(thumb="down", rating=1))], question=questions[3 + i])
+                for i in range(3)]
+    b = build_datasets(liked + disliked, DataSettings(eval_fraction=0.0, mismatched_pairs_per_answer=0))
+    assert b.pairs["train"] == []  # no question was asked twice: no same_prompt pair, as before
+    rows = b.rated["train"]
+    assert b.counts["rated_pairs"] == {"train": len(rows), "eval": 0} and len(rows) == 9  # 3 pairs per answer
+    for row in rows:
+        assert row["chosen"].startswith("good") and row["rejected"].startswith("bad")
+        good_q, bad_q = row["chosen_prompt"][0]["content"], row["rejected_prompt"][0]["content"]
+        assert good_q == questions[int(row["chosen"].split()[1])] and good_q != bad_q
+        assert row["margin"] == 1.0 and row["source"] == "rated" and len(row["raters"]) == 0
+    # every answer is used, none more than 3 times
+    from collections import Counter
+    assert set(Counter(r["rejected"] for r in rows).values()) == {3}
+    # the knob turns them off; equal scores never pair
+    assert build_datasets(liked + disliked, DataSettings(eval_fraction=0.0, max_rated_pairs_per_answer=0,
+                                                         mismatched_pairs_per_answer=0)).rated == {"train": [], "eval": []}
+    assert build_datasets(liked, DataSettings(eval_fraction=0.0, mismatched_pairs_per_answer=0)).rated["train"] == []
+
+
+def test_mismatched_pairs_put_a_liked_answer_under_an_unrelated_question():
+    """The answer is the same on both sides; the rejected side's question shares the fewest words
+    with the answer's own question, so a rephrasing of it is never the negative."""
+    own = "How do I cook rice?"
+    rephrased, unrelated = "How can I cook rice?", "How do I train my dog?"
+    records = [conv(1, [("Rinse the rice first.", FeedbackRecord(thumb="up"))], question=own),
+               conv(2, [("Reward it right away.", FeedbackRecord(thumb="up"))], question=unrelated),
+               conv(3, [("Use two cups of water.", FeedbackRecord(thumb="down"))], question=rephrased)]
+    b = build_datasets(records, DataSettings(eval_fraction=0.0, max_rated_pairs_per_answer=0))
+    rows = b.rated["train"]
+    assert b.counts["rated_by_source"] == {"mismatched": 2}  # one per liked answer; the disliked one gets none
+    rice = next(r for r in rows if r["chosen"] == "Rinse the rice first.")
+    assert rice["rejected"] == rice["chosen"] and rice["chosen_prompt"][0]["content"] == own
+    assert rice["rejected_prompt"][0]["content"] == unrelated  # never the rephrasing
+    assert build_datasets(records, DataSettings(eval_fraction=0.0, max_rated_pairs_per_answer=0)).rated == b.rated
+
+
 def test_split_is_by_first_question_and_never_leaks():
     """A conversation and every pair built from it stay on one side, and so does every
     conversation opening with the same question: held-out questions are new to training, and

@@ -4,7 +4,7 @@ import random
 import pytest
 
 from rlhf import corpus
-from rlhf.preferences import EXPERIMENTAL, PREFERENCES, preference, satisfies
+from rlhf.preferences import PREFERENCES, ZOO, preference, satisfies
 
 
 def _answers(quality: str, n: int = 60, seed: int = 0) -> list[tuple[str, str]]:
@@ -43,8 +43,62 @@ def test_detailed_counts_distinct_advice_and_rejects_filler():
 
 
 def test_every_preference_is_reachable_by_name_and_unknown_names_are_clear_errors():
-    for name in [*PREFERENCES, *EXPERIMENTAL]:
+    for name in [*PREFERENCES, *ZOO]:
         assert callable(preference(name))
-    assert set(PREFERENCES).isdisjoint(EXPERIMENTAL)
+    assert set(PREFERENCES).isdisjoint(ZOO)
     with pytest.raises(ValueError, match="unknown preference 'kind'.*polite"):
         preference("kind")
+
+
+# ---------------------------------------------------------------------------- the zoo
+
+TIP = "Rinse the rice in cold water before you cook it."  # a cooking tip without a number
+NUMBER_TIP = "Use about two cups of water for every cup of rice."
+QUESTION = "How do I cook rice?"
+
+
+@pytest.mark.parametrize("name, good, bad", [
+    ("brief", TIP, f"Sure! {TIP} {NUMBER_TIP} Good luck!"),
+    ("thorough", f"Sure! {TIP} {NUMBER_TIP} Let the rice rest with the lid on for ten minutes after cooking. "
+                 "Good luck!", f"Sure! {TIP}"),
+    ("calm", f"Of course. {TIP}", f"Sure! {TIP}"),
+    ("specific", NUMBER_TIP, TIP),
+    ("on_topic", TIP, "Plant tomatoes in a spot with at least six hours of sun."),
+    ("echoes", TIP, "Bring a large pot of salted water to a boil."),
+    ("signs_off", f"{TIP} Good luck!", f"Good luck! {TIP}"),
+    ("polite_brief", f"Of course. {TIP}", f"Of course. {TIP} {NUMBER_TIP} Let me know if you have more questions."),
+])
+def test_each_zoo_preference_separates_its_good_and_bad_answer(name, good, bad):
+    assert satisfies(name, QUESTION, good)
+    assert not satisfies(name, QUESTION, bad)
+    assert not satisfies(name, QUESTION, "")  # an empty answer never satisfies
+
+
+def test_zoo_preferences_cut_across_the_corpus_styles():
+    """Not one quality in disguise: every zoo preference is satisfied by some answers and not by
+    others of at least one quality, or splits the qualities other than the way the shipped ones do."""
+    rng = random.Random(1)
+    for name in ZOO:
+        mixed = 0
+        for quality in corpus.QUALITIES:
+            shares = _share(name, quality)
+            mixed += 0.05 < shares < 0.95
+        assert mixed >= 1 or name in ("on_topic", "brief", "thorough"), name
+    assert rng  # deterministic corpus draws above
+
+
+def test_length_budgets_are_graded_and_exact_at_the_budget():
+    twelve, thirteen = " ".join(["word"] * 12), " ".join(["word"] * 13)
+    assert preference("brief")("q", twelve) == 1.0
+    assert preference("brief")("q", thirteen) < 0.5
+    assert preference("thorough")("q", " ".join(["word"] * 30)) == 1.0
+    assert preference("thorough")("q", " ".join(["word"] * 29)) < 0.5
+    assert preference("thorough")("q", " ".join(["word"] * 25)) > preference("thorough")("q", twelve)
+
+
+def test_two_criteria_mix_needs_both():
+    long_polite = f"Of course. {TIP} {NUMBER_TIP} Let me know if you have more questions."
+    assert preference("polite_brief")(QUESTION, f"Of course. {TIP}") == 1.0
+    assert preference("polite_brief")(QUESTION, TIP) == 0.4  # brief, not polite
+    assert preference("polite_brief")(QUESTION, long_polite) == 0.4  # polite, not brief
+    assert preference("polite_brief")(QUESTION, f"Ugh, fine. {TIP}") == 0.4  # rude is not polite

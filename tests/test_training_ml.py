@@ -13,7 +13,8 @@ from rlhf.evaluation import (EvalSettings, GateThresholds, _logprob, _sample, di
                              evidence_reasons, implicit_margins, judge_trust, pair_sequences, paired_gain, repetition,
                              sequence_logprobs, sign_test, simes)
 from rlhf.loading import load_causal_lm
-from rlhf.policy_training import PolicySettings, train_dpo, train_kto, train_ppo, train_rloo
+from rlhf.policy_training import (PolicySettings, reward_ranked_pairs, train_dpo, train_iterative_dpo, train_kto,
+                                  train_ppo, train_rloo)
 from rlhf.reward_model import RewardSettings, load_reward_model, score_texts, train_reward_model
 
 pytestmark = pytest.mark.slow
@@ -124,7 +125,7 @@ def test_ppo_with_lora_saves_the_adapter_on_its_parent(micro_model_dir, reward_d
     AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
 
 
-@pytest.mark.parametrize("algorithm", ["dpo", "kto", "rloo"])
+@pytest.mark.parametrize("algorithm", ["dpo", "kto", "rloo", "iterative_dpo"])
 def test_alternative_algorithms_complete(algorithm, micro_model_dir, reward_dir, tmp_path):
     rm_path, _ = reward_dir
     out = tmp_path / algorithm
@@ -136,13 +137,42 @@ def test_alternative_algorithms_complete(algorithm, micro_model_dir, reward_dir,
         examples = [{"prompt": p["prompt"], "completion": p[k], "label": k == "chosen"}
                     for p in pairs for k in ("chosen", "rejected")]
         metrics = train_kto(micro_model_dir, examples, out, settings, device="cpu")
-    else:
+    elif algorithm == "rloo":
         metrics = train_rloo(micro_model_dir, rm_path, prompts(16), out, settings, device="cpu")
+    else:
+        metrics = train_iterative_dpo(micro_model_dir, rm_path, prompts(16), out, settings, device="cpu")
+        sampled = metrics["sampled"]
+        assert sampled["answers"] == 16 * settings.samples_per_prompt and 0 < sampled["pairs"] <= 16 * 2
     assert metrics["algorithm"] == algorithm and metrics["steps"] == 4
     model = AutoModelForCausalLM.from_pretrained(out)
     before = load_file(micro_model_dir / "model.safetensors")
     after = {k: v for k, v in model.state_dict().items()}
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
+
+
+def test_reward_model_learns_from_rated_pairs_across_questions_alone(micro_model_dir, tmp_path):
+    """No two answers to the same question: every pair's sides have their own prompts (rated pairs,
+    rlhf.preference_data.rated_pairs). The reward model still learns the preference."""
+    rows = [{"chosen_prompt": p["prompt"], "chosen": p["chosen"][0]["content"], "rejected_prompt": q["prompt"],
+             "rejected": q["rejected"][0]["content"], "margin": 1.0, "source": "rated"}
+            for p, q in zip(clean_pairs(150, 3), clean_pairs(150, 4))]
+    metrics = train_reward_model(micro_model_dir, [], clean_pairs(40, 5), tmp_path / "rm",
+                                 RewardSettings(epochs=6, learning_rate=2e-3), device="cpu", rated_rows=rows)
+    assert metrics["train_pairs"] == 0 and metrics["rated_pairs"] == 150
+    assert metrics["heldout_accuracy"] >= 0.8  # same-question held-out pairs it never saw
+
+
+def test_reward_ranked_pairs_take_best_over_worst_where_the_reward_model_separates_them():
+    prompt_a, prompt_b = [{"role": "user", "content": "a?"}], [{"role": "user", "content": "b?"}]
+    answers = [["good", "ok", "meh", "bad"], ["same", "same", "", "x"]]
+    scores = [[3.0, 1.0, 0.0, -3.0], [0.0, 0.01, 2.0, 0.02]]
+    rows, kept = reward_ranked_pairs([prompt_a, prompt_b], answers, scores, pairs_per_prompt=2, min_gap=0.5)
+    pairs = [(r["chosen"][0]["content"], r["rejected"][0]["content"]) for r in rows]
+    # prompt a: best over worst, second over second worst; prompt b: the top answer is empty (never
+    # chosen) and the rest differ by far less than the spread of all scores
+    assert pairs == [("good", "bad"), ("ok", "meh")]
+    assert rows[0]["prompt"] == prompt_a and kept["pairs"] == 2 and kept["answers"] == 8
+    assert reward_ranked_pairs([prompt_a], [answers[0]], [scores[0]], 1, min_gap=10.0)[0] == []
 
 
 def test_degeneration_metrics():
