@@ -348,6 +348,8 @@ def main() -> None:
         res = run_preference(pref, model_dir, behaviour, env, label)
         results.append(res)
         print(json.dumps(res, default=str), flush=True)
+        if args.json:  # after each preference: a long run stopped early keeps what it measured
+            args.json.write_text(json.dumps(results, indent=2, default=str))
     table = zoo_markdown(results) if args.zoo else markdown(results)
     load = {"start": [round(x, 2) for x in load0], "end": [round(x, 2) for x in os.getloadavg()]}
     table += f"\n\nLoad average: {load['start']} at the start, {load['end']} at the end."

@@ -87,17 +87,25 @@ def prepare_data(conversations: list[ConversationRecord], settings: CycleSetting
     return bundle
 
 
+def heldout_evidence(bundle: DatasetBundle) -> list[dict]:
+    """The held-out user judgments the gate compares candidate and parent on: the held-out
+    preference pairs and the held-out rated pairs (a liked answer over a disliked one to another
+    held-out question), never the mismatched ones (they test relevance, which no user stated)."""
+    return bundle.pairs["eval"] + [r for r in bundle.rated["eval"] if r["source"] == "rated"]
+
+
 def train_judge(parent_dir: str | Path, bundle: DatasetBundle, out_dir: str | Path, settings: CycleSettings,
                 progress: ProgressFn | None = None) -> dict[str, Any]:
     """The gate's judge: a reward model trained on the held-out pairs alone. Neither the policy nor
     the run's reward model saw them, so the policy was never optimized against it. Its accuracy is
     measured on training pairs it never saw (at most ``evaluation.max_pairs``)."""
     held_out = bundle.pairs["eval"]
-    reward = replace(settings.reward, batch_size=max(1, min(settings.reward.batch_size, len(held_out))))
+    n = len(held_out) + len(bundle.rated["eval"])
+    reward = replace(settings.reward, batch_size=max(1, min(settings.reward.batch_size, n)))
     metrics = train_reward_model(parent_dir, held_out, bundle.pairs["train"][: settings.evaluation.max_pairs],
                                  out_dir, reward, settings.device, progress, stage="judge",
                                  rated_rows=bundle.rated["eval"])
-    return {"trained_on_pairs": metrics["train_pairs"], "steps": metrics["steps"],
+    return {"trained_on_pairs": metrics["train_pairs"] + metrics["rated_pairs"], "steps": metrics["steps"],
             "accuracy": None if metrics["heldout_accuracy"] is None else round(metrics["heldout_accuracy"], 4),
             "accuracy_pairs": metrics["eval_pairs"]}
 
@@ -227,7 +235,7 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
             f"lambda {c['lambda_first']} -> {c['lambda_last']} (max {c['lambda_max']}) over {c['batches']} batches")
 
     t0 = time.perf_counter()
-    held_out = bundle.pairs["eval"]
+    held_out = heldout_evidence(bundle)
     Path(policy_dir).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".judge-", dir=Path(policy_dir).parent) as scratch:
         judge_dir, judge_info = None, None

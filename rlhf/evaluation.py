@@ -147,12 +147,19 @@ def fit_context(prompt: list[int], answer: list[int], context: int) -> tuple[lis
 def pair_sequences(tok: Any, pairs: list[dict], context: int) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids) for each pair's chosen, then rejected answer: rendered with the chat
     template as training renders them (``to_standard``), prompt and answer tokenized separately as
-    TRL's DPO does, so the answer ids are what the model would generate after the prompt."""
+    TRL's DPO does, so the answer ids are what the model would generate after the prompt. A rated
+    pair's sides are rendered each with its own prompt."""
     def ids(text: str) -> list[int]:
         return tok(text, add_special_tokens=False)["input_ids"]
 
     out = []
     for row in pairs:
+        if "chosen_prompt" in row:  # a rated pair (rlhf.preference_data.rated_pairs): each side its own prompt
+            for key in ("chosen", "rejected"):
+                side = to_standard({"prompt": row[f"{key}_prompt"],
+                                    "chosen": [{"role": "assistant", "content": row[key]}]}, tok)
+                out.append(fit_context(ids(side["prompt"]), ids(side["chosen"]), context))
+            continue
         std = to_standard(row, tok)
         prompt = ids(std["prompt"])
         out += [fit_context(prompt, ids(std[key]), context) for key in ("chosen", "rejected")]

@@ -67,9 +67,10 @@ class DataSettings:
     max_rated_pairs_per_answer: int = knob(3, "rated pairs (a liked answer over a disliked one to another question; "
                                            "reward model and judge only) one rated answer may join; 0: none",
                                            low=0)
-    mismatched_pairs_per_answer: int = knob(1, "mismatched pairs per liked answer (the answer under its own question "
+    mismatched_pairs_per_answer: int = knob(0, "mismatched pairs per liked answer (the answer under its own question "
                                             "over the same answer under another user's question; reward model and "
-                                            "judge only); 0: none", low=0)
+                                            "judge only); 0: none (on the embedded model they did not help: README, "
+                                            "the preference zoo)", low=0)
     max_criterion_pairs_per_answer: int = knob(3, "pairs one flagged or chip-labelled answer may join for its "
                                                "criterion's head (rlhf.criteria)", low=0)
     seed: str = knob("rlhf", "seed of the train/eval split (a string: the split is a hash)")

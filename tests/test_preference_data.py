@@ -105,13 +105,15 @@ def test_mismatched_pairs_put_a_liked_answer_under_an_unrelated_question():
     records = [conv(1, [("Rinse the rice first.", FeedbackRecord(thumb="up"))], question=own),
                conv(2, [("Reward it right away.", FeedbackRecord(thumb="up"))], question=unrelated),
                conv(3, [("Use two cups of water.", FeedbackRecord(thumb="down"))], question=rephrased)]
-    b = build_datasets(records, DataSettings(eval_fraction=0.0, max_rated_pairs_per_answer=0))
+    on = DataSettings(eval_fraction=0.0, max_rated_pairs_per_answer=0, mismatched_pairs_per_answer=1)
+    assert build_datasets(records, DataSettings(eval_fraction=0.0, max_rated_pairs_per_answer=0)).rated["train"] == []
+    b = build_datasets(records, on)
     rows = b.rated["train"]
     assert b.counts["rated_by_source"] == {"mismatched": 2}  # one per liked answer; the disliked one gets none
     rice = next(r for r in rows if r["chosen"] == "Rinse the rice first.")
     assert rice["rejected"] == rice["chosen"] and rice["chosen_prompt"][0]["content"] == own
     assert rice["rejected_prompt"][0]["content"] == unrelated  # never the rephrasing
-    assert build_datasets(records, DataSettings(eval_fraction=0.0, max_rated_pairs_per_answer=0)).rated == b.rated
+    assert build_datasets(records, on).rated == b.rated  # seeded
 
 
 def test_split_is_by_first_question_and_never_leaks():

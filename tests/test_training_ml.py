@@ -235,6 +235,18 @@ def test_batched_answer_logprobs_equal_one_sequence_at_a_time(micro_model_dir):
     assert batched == pytest.approx(single, abs=1e-3)
 
 
+def test_rated_pairs_render_each_side_under_its_own_prompt_for_the_gate(micro_model_dir):
+    """The gate's held-out evidence includes rated pairs (a liked answer over a disliked one to
+    another question): each side is rendered as a same-prompt pair would render it."""
+    model, tok = load_causal_lm(micro_model_dir, "cpu")
+    a, b = clean_pairs(2, 8)
+    rated = {"chosen_prompt": a["prompt"], "chosen": a["chosen"][0]["content"], "rejected_prompt": b["prompt"],
+             "rejected": b["rejected"][0]["content"], "margin": 1.0, "source": "rated"}
+    n = model.config.n_positions
+    assert pair_sequences(tok, [rated], n) == [pair_sequences(tok, [a], n)[0], pair_sequences(tok, [b], n)[1]]
+    assert implicit_margins(model, model, tok, [rated]) == [0.0]
+
+
 def test_sign_test_leaves_ties_out_and_reports_wilson_and_the_one_sided_p_value():
     result = sign_test([0.5] * 7 + [-0.2] + [0.0] * 3)
     assert (result["pairs"], result["wins"], result["losses"], result["ties"]) == (11, 7, 1, 3)
