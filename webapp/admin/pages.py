@@ -11,6 +11,7 @@ from jinja2 import Undefined
 from markupsafe import Markup, escape
 from werkzeug.exceptions import NotFound
 
+from rlhf.algorithms import ALGORITHMS
 from rlhf.criteria import FLAG_CATEGORIES
 from rlhf.settings import CycleSettings
 
@@ -205,7 +206,7 @@ def current_experiment():
 @admin_page
 def runs():
     rows = db.session.scalars(db.select(TrainingRun).order_by(TrainingRun.id.desc()).limit(100)).all()
-    return render_template("admin/runs.html", runs=[run_dict(r) for r in rows])
+    return render_template("admin/runs.html", runs=[run_dict(r) for r in rows], algorithms=ALGORITHMS)
 
 
 def _flat(value: Any, prefix: str) -> dict[str, Any]:

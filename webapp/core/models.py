@@ -131,7 +131,7 @@ class ModelVersion(db.Model):
     name: Mapped[str] = mapped_column(String(120), unique=True)
     path: Mapped[str] = mapped_column(String(1000))
     parent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("model_versions.id"))
-    kind: Mapped[str] = mapped_column(String(32))  # base / ppo / dpo / kto / rloo / reward
+    kind: Mapped[str] = mapped_column(String(32))  # base / ppo / dpo / kto / rloo / iterative_dpo / reward
     status: Mapped[str] = mapped_column(String(16), default="candidate", index=True)
     # A cycle with training_runs.version_id, so created by ALTER TABLE; the name (PostgreSQL's default
     # for it) lets drop_all drop it first.

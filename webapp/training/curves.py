@@ -59,6 +59,7 @@ POLICY_CHARTS: dict[str, list[dict[str, Any]]] = {
         _chart("policy", "Clip ratio", ["clip_ratio/region_mean"], percent=True),
     ],
 }
+POLICY_CHARTS["iterative_dpo"] = POLICY_CHARTS["dpo"]  # DPO on the parent's own answers, ranked by the reward model
 STAGE_TITLES = {"reward": "Reward model"}
 
 

@@ -41,6 +41,8 @@ def auto_max_seconds(settings: CycleSettings, size: DataSize, parent_path: str |
     p = settings.policy
     if settings.algorithm in ("ppo", "rloo"):
         policy_units = min(p.episodes, p.max_steps * p.batch_size) if p.max_steps else p.episodes
+    elif settings.algorithm == "iterative_dpo":  # answers sampled per prompt, then DPO on the pairs
+        policy_units = size.policy_prompts * (p.samples_per_prompt + p.pairs_per_prompt * p.epochs)
     else:
         rows = size.train_pairs if settings.algorithm == "dpo" else size.kto_good + size.kto_bad
         policy_units = rows * p.epochs
