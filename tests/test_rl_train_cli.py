@@ -75,7 +75,9 @@ def test_full_cycle_registers_a_version_and_recovers_a_dead_run(instance):
     assert out["status"] == "succeeded" and out["data_counts"]["events"] == events
     assert out["reward_model"]["heldout_accuracy"] is not None and out["reward_model"]["train_pairs"] > 0
     assert out["evaluation"]["before"]["mean_reward"] is not None and out["evaluation"]["after"]["mean_reward"] is not None
-    ev, held_out = out["evaluation"], out["data_counts"]["pairs"]["eval"]
+    # the gate's held-out evidence: the held-out pairs and the held-out rated pairs across questions
+    ev = out["evaluation"]
+    held_out = out["data_counts"]["pairs"]["eval"] + out["data_counts"]["rated_pairs"]["eval"]
     assert ev["heldout"]["pairs"] == held_out and ev["optimized_against"]["decides"] is False
     if held_out < 8:  # the default training.gate.min_heldout_pairs
         assert ev["verdict"] == "not enough evidence" and ev["judge"] is None and not ev["passed"]
@@ -107,14 +109,16 @@ def test_a_cycle_with_enough_held_out_pairs_is_judged_by_them_and_a_judge_traine
     with app.app_context():
         run = db.session.scalars(db.select(TrainingRun)).one()
         ev, counts, timings = run.metrics["evaluation"], run.feedback_counts["pairs"], run.metrics["timings"]
+        rated = run.feedback_counts["rated_pairs"]
         log = run.log
-    assert counts["eval"] >= 8 and ev["heldout"]["pairs"] == counts["eval"]
+    evidence = counts["eval"] + rated["eval"]  # held-out pairs and held-out rated pairs across questions
+    assert counts["eval"] >= 8 and rated["eval"] > 0 and ev["heldout"]["pairs"] == evidence
     assert ev["verdict"] in ("passed", "rejected") and (result.exit_code == 0) == ev["passed"]
     judge = ev["judge"]
-    assert judge["trained_on_pairs"] == counts["eval"] and judge["accuracy_pairs"] == counts["train"]
+    assert judge["trained_on_pairs"] == evidence and judge["accuracy_pairs"] == counts["train"]
     assert judge["prompts"] == ev["prompts"] and isinstance(judge["trusted"], bool)
-    assert ev["judged_by"][1].startswith(f"judge reward model trained on {counts['eval']} held-out pairs")
-    assert f"judge: reward model trained on {counts['eval']} held-out pairs" in log and timings["judge"] > 0
+    assert ev["judged_by"][1].startswith(f"judge reward model trained on {evidence} held-out pairs")
+    assert f"judge: reward model trained on {evidence} held-out pairs" in log and timings["judge"] > 0
     assert f"evaluation gate: {ev['verdict']}; judged by: held-out preferences" in result.output
 
 
