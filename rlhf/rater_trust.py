@@ -768,7 +768,7 @@ def assess_raters(bundle: DatasetBundle, raters: Mapping[int, RaterInfo] | None,
 
 # ---------------------------------------------------------------------------- applying
 
-JOINED_SOURCES = ("same_prompt",)  # rows built from several raters' separate judgements
+JOINED_SOURCES = ("same_prompt", "rated")  # rows built from several raters' separate judgements
 
 
 def row_weight(row: Mapping[str, Any], result: TrustResult) -> float | None:

@@ -274,7 +274,11 @@ def test_apply_trust_drops_quarantined_rows_and_weighs_the_others():
     assert kto == {"good answer": 0.5, "bad answer": 1.0, "whose?": 1.0}
     assert {r["prompt"][0]["content"] for r in kept.prompts["train"]} == {"Same?", "Who?"}
     assert kept.counts["pairs"]["train"] == 1 and kept.counts["kto"]["train"] == 3
-    assert kept.counts["trust"]["rows_removed"] == {"pairs": 1, "kto": 2, "sft": 1, "prompts": 1, "criteria": 0}
+    # rated pairs across questions are joined like same_prompt ones: the 3 with rater 3's answers go,
+    # the one joining the unknown rater's "whose?" and rater 2's "bad answer" stays
+    assert kept.counts["trust"]["rows_removed"] == {"pairs": 1, "kto": 2, "sft": 1, "prompts": 1, "criteria": 0,
+                                                    "rated": 3}
+    assert [(r["chosen"], r["rejected"], r["weight"]) for r in kept.rated["train"]] == [("whose?", "bad answer", 1.0)]
     assert kept.counts["trust"]["raters"]["3"]["status"] == "quarantined"
     assert row_weight({"raters": ()}, result) == 1.0 and row_weight({"raters": (3,)}, result) is None
     # a row two raters gave identically keeps the other's word; a pair joined from a quarantined

@@ -20,8 +20,11 @@ from webapp.core.extensions import db
 from webapp.core.models import AnswerScore, Experiment, Feedback, Flag, ModelVersion, TrainingRun, User
 
 PASSWORD = "correct horse battery"
+# 30 reward-model steps are for the criterion pairs: rated pairs across questions (hundreds from
+# this feedback) would take most of them and leave the safety head untrained
 FAST = {"RLHF_PPO_EPISODES": "32", "RLHF_POLICY_LR": "1e-3", "RLHF_DEVICE": "cpu",
-        "RLHF_TRAINING_REWARD_MAX_STEPS": "30", "RLHF_TRAINING_GATE_EVIDENCE": "reported"}
+        "RLHF_TRAINING_REWARD_MAX_STEPS": "30", "RLHF_TRAINING_GATE_EVIDENCE": "reported",
+        "RLHF_TRAINING_DATA_MAX_RATED_PAIRS_PER_ANSWER": "0"}
 
 
 def seed_conflicting_feedback(app, conversations: int = 80, seed: int = 0) -> dict[str, int]:
