@@ -38,6 +38,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
 
+from benchmarks.closed_loop import auc  # noqa: E402
 from rlhf.chat_format import end_of_turn_token  # noqa: E402
 from rlhf.cycle import run_cycle  # noqa: E402
 from rlhf.evaluation import _sample  # noqa: E402
@@ -119,16 +120,6 @@ def feedback(pref: str, pool: dict[str, list[str]], budget: int, seed: int) -> l
     return out
 
 
-def auc(scores: list[float], labels: list[bool]) -> float | None:
-    """Probability that a random satisfying answer scores above a random other one (ties: half)."""
-    pos = [s for s, y in zip(scores, labels) if y]
-    neg = [s for s, y in zip(scores, labels) if not y]
-    if not pos or not neg:
-        return None
-    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
-    return wins / (len(pos) * len(neg))
-
-
 def reward_diagnostics(reward_dir: Path, judge: Callable[[str, str], float],
                        parent4: dict[str, list[str]]) -> dict[str, Any]:
     model, tok = load_reward_model(reward_dir)
@@ -145,7 +136,8 @@ def reward_diagnostics(reward_dir: Path, judge: Callable[[str, str], float],
         chunk = scores[k:k + len(answers)]
         best.append(judge(q, answers[max(range(len(answers)), key=chunk.__getitem__)]) >= 0.5)
         k += len(answers)
-    return {"auc": None if auc(scores, labels) is None else round(auc(scores, labels), 3),
+    value = auc(scores, labels)
+    return {"auc": None if value is None else round(value, 3),
             "best_of_4_share": round(sum(best) / len(best), 3),
             "parent_share_of_4": round(sum(labels) / len(labels), 3)}
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+T = TypeVar("T")
 
 # (value stored, label shown): the order is the order of the menu in the chat
 FLAG_CATEGORIES: tuple[tuple[str, str], ...] = (
@@ -94,21 +96,36 @@ def criterion_pairs(items: dict[str, dict[bool, list[LabelledAnswer]]], max_per_
             if not high or not low:
                 continue
             big, small = (high, low) if len(high) >= len(low) else (low, high)
-            each = max(1, round(max_per_answer * len(small) / len(big)))
-            used: Counter = Counter()
-            for b in big:
-                key = _question(b.prompt)
-                order = sorted(range(len(small)), key=lambda i: (small[i].liked != b.liked,
-                                                                 _question(small[i].prompt) != key, used[i], i))
-                partners = [i for i in order if small[i].answer.strip() != b.answer.strip()][:each]
-                for i in partners:
-                    used[i] += 1
-                    h, lo = (b, small[i]) if big is high else (small[i], b)
-                    out[split].append({"criterion": criterion, "chosen_prompt": h.prompt, "chosen": h.answer,
-                                       "rejected_prompt": lo.prompt, "rejected": lo.answer, "margin": 0.0,
-                                       "source": f"criterion:{criterion}",
-                                       "raters": tuple(dict.fromkeys(h.raters + lo.raters))})
+            questions = [_question(x.prompt) for x in small]
+
+            def alike_first(b: LabelledAnswer, i: int) -> tuple[bool, bool]:  # same verdict, then same question
+                return small[i].liked != b.liked, questions[i] != _question(b.prompt)
+
+            for b, i in balanced_partners(big, small, max_per_answer, alike_first,
+                                          lambda b, i: small[i].answer.strip() != b.answer.strip()):
+                h, lo = (b, small[i]) if big is high else (small[i], b)
+                out[split].append({"criterion": criterion, "chosen_prompt": h.prompt, "chosen": h.answer,
+                                   "rejected_prompt": lo.prompt, "rejected": lo.answer, "margin": 0.0,
+                                   "source": f"criterion:{criterion}",
+                                   "raters": tuple(dict.fromkeys(h.raters + lo.raters))})
     return out
+
+
+def balanced_partners(big: Sequence[T], small: Sequence[Any], max_per_answer: int,
+                      order: Callable[[T, int], tuple], eligible: Callable[[T, int], bool],
+                      keep: Callable[[T, int], bool] = lambda b, i: True) -> Iterator[tuple[T, int]]:
+    """Pair every item of the larger side ``big`` with items of ``small`` (yields ``(item, index into
+    small)``): each joins ``max_per_answer`` pairs scaled down by how much rarer ``small`` is (at
+    least one), its partners the ``eligible`` ones first by ``order``, then least used. A partner
+    ``keep`` rejects takes its slot but is not yielded and not counted as used."""
+    each = max(1, round(max_per_answer * len(small) / len(big)))
+    used: Counter = Counter()
+    for b in big:
+        ranked = sorted(range(len(small)), key=lambda i: (*order(b, i), used[i], i))
+        for i in [i for i in ranked if eligible(b, i)][:each]:
+            if keep(b, i):
+                used[i] += 1
+                yield b, i
 
 
 def _question(prompt: list[dict[str, str]]) -> str:

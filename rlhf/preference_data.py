@@ -50,7 +50,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .criteria import LabelledAnswer, criterion_pairs, labels_of
+from .criteria import LabelledAnswer, balanced_partners, criterion_pairs, labels_of
 from .records import ConversationRecord, MessageRecord
 from .settings import DataSettings
 
@@ -334,21 +334,17 @@ def rated_pairs(answers: list[RatedAnswer], max_per_answer: int, min_gap: float,
         if not good or not bad:
             continue
         big, small = (good, bad) if len(good) >= len(bad) else (bad, good)
-        each = max(1, round(max_per_answer * len(small) / len(big)))
-        used: Counter = Counter()
-        for b in big:
-            key = question_key(b[2][0]["content"])
-            order = sorted(range(len(small)), key=lambda i: (used[i], i))
-            partners = [i for i in order if question_key(small[i][2][0]["content"]) != key
-                        and small[i][3].strip() != b[3].strip()][:each]
-            for i in partners:
-                g, lo = (b, small[i]) if big is good else (small[i], b)
-                if g[4] - lo[4] < min_gap:
-                    continue
-                used[i] += 1
-                out[split].append({"chosen_prompt": g[2], "chosen": g[3], "rejected_prompt": lo[2], "rejected": lo[3],
-                                   "margin": round((g[4] - lo[4]) / 2, 3), "source": "rated",
-                                   "raters": _merge(g[5], lo[5])})
+
+        def eligible(b: RatedAnswer, i: int) -> bool:
+            return (question_key(small[i][2][0]["content"]) != question_key(b[2][0]["content"])
+                    and small[i][3].strip() != b[3].strip())
+
+        for b, i in balanced_partners(big, small, max_per_answer, lambda b, i: (), eligible,
+                                      lambda b, i: abs(b[4] - small[i][4]) >= min_gap):  # liked > 0 > disliked
+            g, lo = (b, small[i]) if big is good else (small[i], b)
+            out[split].append({"chosen_prompt": g[2], "chosen": g[3], "rejected_prompt": lo[2], "rejected": lo[3],
+                               "margin": round((g[4] - lo[4]) / 2, 3), "source": "rated",
+                               "raters": _merge(g[5], lo[5])})
     return out
 
 
