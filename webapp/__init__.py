@@ -15,7 +15,8 @@ from webapp.core.settings import ROOT, build_config  # noqa: E402
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
-    """Build the app. ``config`` overrides every other source (see webapp/config.py)."""
+    """Build the app. ``config`` overrides every other source (see webapp/core/settings.py). The
+    database is brought to the code's schema revision on the way (webapp/core/migrations.py)."""
     cfg = build_config(config)
     app = Flask(__name__, instance_path=cfg["INSTANCE_DIR"], template_folder=str(ROOT / "templates"),
                 static_folder=str(ROOT / "static"))
@@ -26,10 +27,13 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         proxies = int(cfg["RLHF_TRUSTED_PROXIES"])
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies)  # type: ignore[method-assign]
 
-    from webapp.core.database import create_schema, init_database
+    from webapp.core.database import init_database
     from webapp.core.extensions import csrf, limiter, login_manager
 
     init_database(app)
+    from webapp.core.migrations import init_migrations, prepare_schema
+
+    init_migrations(app)
     csrf.init_app(app)
     login_manager.init_app(app)
     login_manager.login_view = "admin_auth.login"
@@ -56,6 +60,5 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         app.register_blueprint(blueprint)
     cli.init_app(app)
 
-    with app.app_context():
-        create_schema()
+    prepare_schema(app)
     return app

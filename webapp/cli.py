@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 
 import click
@@ -15,25 +16,52 @@ from webapp.core.settings import ConfigError
 
 
 def init_app(app: Flask) -> None:
-    app.cli.add_command(init_db_command)
-    app.cli.add_command(init_model_command)
-    app.cli.add_command(serve_command)
-    app.cli.add_command(rl_train_command)
-    app.cli.add_command(export_feedback_command)
-    app.cli.add_command(ab_report_command)
-    app.cli.add_command(scheduler_command)
-    app.cli.add_command(settings_command)
     from webapp.admin.auth import create_admin_command
+    from webapp.core.backup import backup_command, restore_command
 
-    app.cli.add_command(create_admin_command)
+    # commands that read or write the app's tables stop when the schema is not the code's
+    for command in (init_model_command, serve_command, rl_train_command, export_feedback_command, ab_report_command,
+                    scheduler_command, create_admin_command):
+        app.cli.add_command(needs_current_schema(command))
+    for command in (init_db_command, settings_command, backup_command, restore_command):
+        app.cli.add_command(command)
+
+
+def needs_current_schema(command: click.Command) -> click.Command:
+    """``command``, refusing with the one-line reason when the database's schema is not the code's
+    (webapp.core.migrations): behind with auto-upgrade off, or written by newer code."""
+    callback = command.callback
+    if callback is None or getattr(callback, "_checks_schema", False):
+        return command
+
+    def checked(*args, **kwargs):
+        from webapp.core.migrations import schema_problem
+
+        problem = schema_problem()
+        if problem:
+            raise click.ClickException(problem)
+        return callback(*args, **kwargs)
+
+    checked._checks_schema = True  # type: ignore[attr-defined]
+    command.callback = functools.update_wrapper(checked, callback)
+    return command
 
 
 @click.command("init-db")
 def init_db_command() -> None:
-    """Create any missing tables (safe to run again)."""
+    """Create the tables, or upgrade the schema to the code's revision (safe to run again; the same
+    as `flask --app webapp db upgrade`)."""
     from webapp.core.database import create_schema
+    from webapp.core.migrations import SchemaError
 
-    created = create_schema()
+    state = current_app.extensions.get("schema_state")
+    if state is not None and state.status == "ahead":
+        raise click.ClickException(state.problem())
+    try:
+        created = create_schema()
+    except SchemaError as exc:
+        raise click.ClickException(str(exc)) from None
+    current_app.extensions["schema_problem"] = None
     click.echo(f"Created tables: {', '.join(created)}" if created else "Database is up to date.")
 
 

@@ -1,9 +1,17 @@
-"""WSGI entry for any server: ``gunicorn 'webapp.wsgi:app'``. Builds the base model on first start."""
+"""WSGI entry for any server: ``gunicorn 'webapp.wsgi:app'``. Builds the base model on first start.
+
+Every worker imports this module, so it never upgrades the database schema by itself: a worker
+on a database behind (or ahead of) the code refuses to start with the reason; run
+``flask --app webapp db upgrade`` once, then start the workers.
+"""
 from __future__ import annotations
 
 from . import create_app
+from .core.migrations import schema_problem
 
-app = create_app()
+app = create_app({"RLHF_AUTO_UPGRADE": False})
+if schema_problem(app):
+    raise SystemExit(f"Error: {schema_problem(app)}")
 if app.config["RLHF_AUTO_INIT_MODEL"]:
     from rlhf.progress import StageBars
 

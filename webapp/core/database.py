@@ -1,4 +1,4 @@
-"""Engine set-up and schema creation.
+"""Engine set-up (the schema and its revisions: webapp/core/migrations.py).
 
 SQLite gets WAL mode (readers never block the writer), a busy timeout (a writer waits for the
 lock instead of failing with "database is locked") and enforced foreign keys. Server databases
@@ -60,15 +60,18 @@ def init_database(app: Flask) -> None:
 
 
 def group_commit_writer(app: Flask) -> GroupCommitWriter | None:
-    """The app's group-commit writer when its database is SQLite (see webapp/group_commit.py)."""
+    """The app's group-commit writer when its database is SQLite (see webapp/core/group_commit.py)."""
     return app.extensions.get("sqlite_group_commit")
 
 
 def create_schema() -> list[str]:
-    """Create missing tables (idempotent); returns the names of the tables created."""
-    from webapp.core import models  # noqa: F401 - registers the tables on the metadata
+    """Bring the database to the code's schema revision (idempotent): an empty one gets every
+    table, an older one is upgraded. Returns the names of the tables created."""
+    from webapp.core.migrations import VERSION_TABLE, create_current_schema, upgrade
 
+    created = create_current_schema()
+    if created:
+        return created
     before = set(inspect(db.engine).get_table_names())
-    db.create_all()
-    after = set(inspect(db.engine).get_table_names())
-    return sorted(after - before)
+    upgrade()
+    return sorted(set(inspect(db.engine).get_table_names()) - before - {VERSION_TABLE})

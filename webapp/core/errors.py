@@ -26,6 +26,19 @@ def error_response(code: int, message: str, name: str = "Error"):
 
 
 def init_app(app: Flask) -> None:
+    @app.before_request
+    def schema_not_current():
+        # the database is behind (auto-upgrade off) or ahead of the code: say so instead of failing
+        from webapp.core.migrations import schema_problem
+
+        problem = schema_problem(app)
+        if problem and request.endpoint != "static":
+            body, code = error_response(503, f"Unavailable: {problem}.", "Service Unavailable")
+            response = make_response(body, code)
+            response.headers["Retry-After"] = "60"
+            return response
+        return None
+
     @app.errorhandler(CSRFError)
     def csrf_error(exc: CSRFError):
         return error_response(400, f"CSRF token missing or invalid: {exc.description} "

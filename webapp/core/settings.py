@@ -103,6 +103,18 @@ class Settings:
                                           key="SQLITE_BUSY_TIMEOUT_MS", low=0)
     secret_key: str | None = setting(None, "cookie signing key", "Storage", key="SECRET_KEY", secret=True,
                                      shown_default="generated once into `<instance>/secret_key` (0600)")
+    auto_upgrade: bool = setting(True, "bring the database to the code's schema revision at start-up (the single-"
+                                 "process `serve` and the quickstart). Where several processes share one database "
+                                 "(gunicorn on `webapp.wsgi:app`, which never upgrades by itself, a separate "
+                                 "`flask scheduler`, several hosts) set `0` and run `flask --app webapp db upgrade` "
+                                 "once per release: until then requests get a 503 and commands stop with that "
+                                 "instruction", "Storage")
+    backup_interval_hours: float = setting(0.0, "the scheduler writes a backup (`flask --app webapp backup`) this "
+                                           "often; `0`: no scheduled backups", "Storage", low=0.0)
+    backup_dir: str = setting("", "folder of the scheduled backups (one subfolder each, named by time)", "Storage",
+                              shown_default="`<instance>/backups`")
+    backup_keep: int = setting(7, "scheduled backups kept (the oldest are deleted after a new one is complete)",
+                               "Storage", low=1)
     # models
     base_model: str = setting("embedded", "`embedded`, a hub id (`gpt2`) or a local model directory", "Models",
                               check=_not_blank)

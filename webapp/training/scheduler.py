@@ -216,8 +216,18 @@ def _unload_adapters(names: list[str]) -> None:
             log.warning("housekeeping: could not unload %s from the inference server: %s", name, exc)
 
 
+def backup_tick() -> dict[str, Any]:
+    """A scheduled backup (RLHF_BACKUP_INTERVAL_HOURS; the job stays in the job store when the
+    setting is turned off, and then does nothing)."""
+    if float(current_app.config["RLHF_BACKUP_INTERVAL_HOURS"]) <= 0:
+        return {"action": "skip", "reason": "scheduled backups are off (RLHF_BACKUP_INTERVAL_HOURS=0)"}
+    from webapp.core.backup import scheduled_backup
+
+    return scheduled_backup()
+
+
 TICKS = {"retrain": retrain_tick, "experiment_monitor": monitor_tick, "housekeeping": housekeeping_tick,
-         "watchdog": watchdog_tick}
+         "watchdog": watchdog_tick, "backup": backup_tick}
 
 
 def run_job(name: str) -> None:
@@ -265,6 +275,10 @@ def build_scheduler(app: Flask, blocking: bool = False):
         scheduler.add_job("webapp.training.scheduler:run_job", "interval", seconds=seconds, args=[job_id],
                           id=job_id, name=job_id.replace("_", " "), replace_existing=True,
                           next_run_time=min(soon, datetime.now(timezone.utc) + timedelta(seconds=seconds)))
+    backup_hours = float(cfg["RLHF_BACKUP_INTERVAL_HOURS"])
+    if backup_hours > 0:  # optional: the first backup one interval after start
+        scheduler.add_job("webapp.training.scheduler:run_job", "interval", seconds=backup_hours * 3600,
+                          args=["backup"], id="backup", name="backup", replace_existing=True)
     return scheduler
 
 
