@@ -442,7 +442,7 @@ def scheduled_backup() -> dict[str, Any]:
     ``<instance>/backups``) named by time, then the oldest beyond ``RLHF_BACKUP_KEEP`` deleted."""
     cfg = current_app.config
     folder = Path(cfg["RLHF_BACKUP_DIR"] or Path(cfg["INSTANCE_DIR"]) / "backups")
-    name = datetime.now(timezone.utc).strftime("backup-%Y%m%dT%H%M%SZ")
+    name = datetime.now(timezone.utc).strftime("backup-%Y%m%dT%H%M%S-%fZ")
     manifest = backup_instance(folder / name)
     done = sorted(p for p in folder.glob("backup-*") if (p / MANIFEST).is_file())
     removed = [p.name for p in done[: max(0, len(done) - int(cfg["RLHF_BACKUP_KEEP"]))]]

@@ -1,0 +1,279 @@
+"""Online backup and restore (`flask --app webapp backup` / `restore`), on SQLite and PostgreSQL.
+
+The main test takes a backup of a live server while simulated users write feedback through its
+API and a training run runs, restores it into a new instance at another path, and checks that the
+restored instance holds exactly the rows the manifest counts, every feedback committed before the
+backup began, no row that differs from the source, and that it serves and trains. The others feed
+restore bad backups and a non-empty instance: each stops with one line and changes nothing."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import requests
+from sqlalchemy import text
+
+from tests.conftest import DATABASES, ROOT, database_url_for, make_app, register_model
+from tests.feedback_factory import seed_feedback
+from tests.live_server import LiveServer
+from webapp.core.extensions import db
+from webapp.core.models import Feedback, ModelVersion
+
+FAST = {"RLHF_DEVICE": "cpu", "RLHF_PPO_EPISODES": "32", "RLHF_EMBEDDED_PRESET": "micro", "RLHF_MAX_NEW_TOKENS": "4"}
+
+
+@pytest.fixture(params=DATABASES)
+def database_url(request):
+    return database_url_for(request, request.param)
+
+
+def flask(instance: Path, *args: str, database_url: str | None = None, env: dict | None = None,
+          background: bool = False):
+    """``flask --app webapp ARGS`` on ``instance`` in a child process (as an operator runs it)."""
+    full = {**os.environ, "RLHF_INSTANCE_DIR": str(instance), **FAST, "RLHF_SCHEDULER": "0", **(env or {})}
+    full.pop("DATABASE_URL", None)
+    if database_url:
+        full["DATABASE_URL"] = database_url
+    cmd = [sys.executable, "-m", "flask", "--app", "webapp", *args]
+    if background:
+        return subprocess.Popen(cmd, env=full, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(cmd, env=full, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def feedback_rows(app) -> dict[int, tuple]:
+    """Feedback by the answer it rates (each answer here is rated once, by its asker)."""
+    with app.app_context():
+        return {f.message_id: (f.id, f.user_id, f.thumb, f.rating, f.correction, f.comment)
+                for f in db.session.scalars(db.select(Feedback))}
+
+
+class Rater(threading.Thread):
+    """A simulated user: asks a question on the live server, rates each answer once (new rows
+    only, so a restored row can be compared with its source), and records every feedback id the
+    server confirmed (by the answer's id)."""
+
+    def __init__(self, url: str, index: int, stop: threading.Event, confirmed: list[int]):
+        super().__init__(daemon=True)
+        self.url, self.index, self.stop, self.confirmed = url, index, stop, confirmed
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        try:
+            s = requests.Session()
+            csrf = {"X-CSRFToken": s.get(f"{self.url}/api/session", timeout=30).json()["csrf_token"]}
+            n = 0
+            while not self.stop.is_set():
+                conv = s.post(f"{self.url}/api/conversations", json={}, headers=csrf, timeout=60).json()["id"]
+                answer = s.post(f"{self.url}/api/conversations/{conv}/messages", headers=csrf, timeout=120,
+                                json={"content": f"How do I cook rice? ({self.index}-{n})", "stream": False})
+                answer.raise_for_status()
+                message = answer.json()["assistant_message"]["id"]
+                rated = s.post(f"{self.url}/api/messages/{message}/feedback", headers=csrf, timeout=60,
+                               json={"thumb": "up" if n % 2 else "down", "rating": 1 + n % 5})
+                rated.raise_for_status()
+                self.confirmed.append(rated.json()["message_id"])
+                n += 1
+        except Exception as exc:  # reported by the test
+            self.error = exc
+
+
+def test_backup_while_users_rate_and_a_run_trains_restores_exactly(tmp_path, micro_model_dir, database_url,
+                                                                    request):
+    source = tmp_path / "source"
+    overrides = {"SQLALCHEMY_DATABASE_URI": database_url} if database_url else {}
+    app = make_app(source, **overrides)
+    register_model(app, micro_model_dir)
+    seed_feedback(app, 40)
+    env = {"DATABASE_URL": database_url} if database_url else {}
+    server = LiveServer(source, env={**FAST, **env, "RLHF_RATELIMIT_ENABLED": "0"})
+    stop, confirmed = threading.Event(), []
+    raters = [Rater(server.url, i, stop, confirmed) for i in range(3)]
+    training = None
+    try:
+        for rater in raters:
+            rater.start()
+        training = flask(source, "rl-train", "--min-feedback", "10", "--max-steps", "2",
+                         database_url=database_url, background=True)
+        while len(confirmed) < 6 and all(r.is_alive() for r in raters):  # writes are flowing
+            threading.Event().wait(0.2)
+        assert all(r.error is None for r in raters), [r.error for r in raters]
+        committed_before = set(confirmed)
+        backup = tmp_path / "backups" / "b1"
+        made = flask(source, "backup", str(backup), database_url=database_url)
+        assert made.returncode == 0, made.stdout + made.stderr
+        after_backup = len(confirmed)
+        while len(confirmed) < after_backup + 3 and all(r.is_alive() for r in raters):  # ... and go on
+            threading.Event().wait(0.2)
+    finally:
+        stop.set()
+        for rater in raters:
+            rater.join(120)
+        if training is not None:
+            training.wait(600)
+        server.stop()
+    assert all(r.error is None for r in raters), [r.error for r in raters]
+    assert training.returncode in (0, 3), training.stdout.read()
+
+    manifest = json.loads((backup / "manifest.json").read_text())
+    counts = manifest["database"]["counts"]
+    assert counts["feedback"] >= 80 + len(committed_before)
+    source_rows = feedback_rows(app)
+    assert len(source_rows) > counts["feedback"]  # users went on rating after the backup
+
+    # restore into a new instance at another path (and a new database)
+    target = tmp_path / "elsewhere" / "restored"
+    target_url = request.getfixturevalue("postgres_server").create_database() if database_url else None
+    restored = flask(target, "restore", str(backup), database_url=target_url)
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+    assert "paths moved from" in restored.stdout
+    new = make_app(target, **({"SQLALCHEMY_DATABASE_URI": target_url} if target_url else {}))
+    with new.app_context():
+        for table, n in counts.items():
+            if table != "apscheduler_jobs":
+                assert db.session.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar() == n, table
+        versions = db.session.scalars(db.select(ModelVersion)).all()
+        assert versions and all(v.path.startswith(str(target)) for v in versions)
+    restored_rows = feedback_rows(new)
+    assert committed_before <= set(restored_rows)  # no committed feedback lost
+    assert all(source_rows[i] == row for i, row in restored_rows.items())  # no partial or foreign row
+
+    # the restored instance serves and trains
+    client = new.test_client()
+    csrf = {"X-CSRFToken": client.get("/api/session").get_json()["csrf_token"]}
+    conv = client.post("/api/conversations", json={}, headers=csrf).get_json()["id"]
+    answer = client.post(f"/api/conversations/{conv}/messages", headers=csrf,
+                         json={"content": "How do I cook rice?", "stream": False})
+    assert answer.status_code == 201, answer.get_json()
+    trained = flask(target, "rl-train", "--min-feedback", "10", "--max-steps", "2", database_url=target_url)
+    assert trained.returncode in (0, 3), trained.stdout + trained.stderr
+
+
+# ---------------------------------------------------------------------------- bad input
+
+@pytest.fixture
+def a_backup(tmp_path, micro_model_dir) -> Path:
+    source = tmp_path / "source"
+    app = make_app(source)
+    register_model(app, micro_model_dir)
+    seed_feedback(app, 6)
+    made = flask(source, "backup", str(tmp_path / "good"))
+    assert made.returncode == 0, made.stderr
+    return tmp_path / "good"
+
+
+def _snapshot(instance: Path) -> dict[str, object]:
+    """Every file of an instance; the database as its contents (SQLite rewrites its file when a
+    connection checkpoints the write-ahead log, without any change to the data)."""
+    import sqlite3
+
+    out: dict[str, object] = {}
+    for p in sorted(instance.rglob("*")):
+        if not p.is_file() or p.name.endswith((".lock", "-wal", "-shm")):
+            continue
+        if p.suffix == ".db":
+            conn = sqlite3.connect(p)
+            out[p.name] = list(conn.iterdump())
+            conn.close()
+        else:
+            out[str(p.relative_to(instance))] = p.read_bytes()
+    return out
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _break_checksum(b: Path) -> None:
+    path = b / "database.sqlite"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _truncate(b: Path) -> None:
+    path = b / "database.sqlite"
+    path.write_bytes(path.read_bytes()[:4096])
+
+
+def _drop_model_file(b: Path) -> None:
+    next((b / "instance" / "models").rglob("*.safetensors")).unlink()
+
+
+def _newer_schema(b: Path) -> None:
+    manifest = json.loads((b / "manifest.json").read_text())
+    manifest["schema_revision"] = "ffffffffffff"
+    (b / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _garbage_manifest(b: Path) -> None:
+    (b / "manifest.json").write_text('{"format": 1, "files": ')
+
+
+def _no_manifest(b: Path) -> None:
+    (b / "manifest.json").unlink()
+
+
+@pytest.mark.parametrize("damage,needle", [
+    (_break_checksum, "does not match its checksum"),
+    (_truncate, "(truncated?)"),
+    (_drop_model_file, "is missing"),
+    (_newer_schema, "newer than this code"),
+    (_garbage_manifest, "is unreadable"),
+    (_no_manifest, "is not a backup (no manifest.json)"),
+])
+def test_a_bad_backup_is_refused_and_changes_nothing(tmp_path, a_backup, damage, needle):
+    bad = _copy(a_backup, tmp_path / "bad")
+    damage(bad)
+    target = tmp_path / "target"
+    make_app(target)  # the empty database the app makes on start
+    before = _snapshot(target)
+    result = flask(target, "restore", str(bad))
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and needle in errors[0], result.stderr
+    assert _snapshot(target) == before
+    assert not (target / "models").exists()
+
+
+def test_restore_into_a_non_empty_instance_is_refused(tmp_path, a_backup, micro_model_dir):
+    target = tmp_path / "busy"
+    app = make_app(target)
+    register_model(app, micro_model_dir)
+    seed_feedback(app, 2)
+    before = _snapshot(target)
+    result = flask(target, "restore", str(a_backup))
+    assert result.returncode == 1 and "the instance is not empty" in result.stderr, result.stderr
+    assert _snapshot(target) == before
+
+
+def test_backup_refuses_an_existing_destination(tmp_path, a_backup):
+    again = flask(tmp_path / "source", "backup", str(a_backup))
+    assert again.returncode == 1 and "already exists" in again.stderr
+
+
+def test_scheduled_backups_keep_the_newest(tmp_path, micro_model_dir):
+    from webapp.training.scheduler import backup_tick
+
+    app = make_app(tmp_path / "instance", RLHF_BACKUP_INTERVAL_HOURS=24.0, RLHF_BACKUP_KEEP=2,
+                   RLHF_BACKUP_DIR=str(tmp_path / "auto"))
+    register_model(app, micro_model_dir)
+    made = []
+    with app.app_context():
+        for n in range(3):
+            seed_feedback(app, 1, seed=100 + n)
+            result = backup_tick()
+            assert result["action"] == "backup"
+            made.append(Path(result["path"]).name)
+    kept = sorted(p.name for p in (tmp_path / "auto").iterdir())
+    assert len(kept) == 2 and kept == sorted(made)[-2:], (made, kept)
+    off = make_app(tmp_path / "instance")
+    with off.app_context():
+        assert backup_tick()["action"] == "skip"
