@@ -13,12 +13,13 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
 from sqlalchemy import text
 
-from tests.conftest import DATABASES, ROOT, database_url_for, make_app, register_model
+from tests.conftest import DATABASES, ROOT, database_url_for, flask_cli, make_app, register_model
 from tests.feedback_factory import seed_feedback
 from tests.live_server import LiveServer
 from webapp.core.extensions import db
@@ -34,15 +35,27 @@ def database_url(request):
 
 def flask(instance: Path, *args: str, database_url: str | None = None, env: dict | None = None,
           background: bool = False):
-    """``flask --app webapp ARGS`` on ``instance`` in a child process (as an operator runs it)."""
-    full = {**os.environ, "RLHF_INSTANCE_DIR": str(instance), **FAST, "RLHF_SCHEDULER": "0", **(env or {})}
-    full.pop("DATABASE_URL", None)
+    """``flask --app webapp ARGS`` on ``instance``: a child process with ``background`` (beside the
+    live server), otherwise in this process (the same command, without the start-up of a new
+    Python). Returns an object with ``returncode``, ``stdout`` and ``stderr``."""
+    full = {"RLHF_INSTANCE_DIR": str(instance), **FAST, "RLHF_SCHEDULER": "0", **(env or {})}
     if database_url:
         full["DATABASE_URL"] = database_url
-    cmd = [sys.executable, "-m", "flask", "--app", "webapp", *args]
     if background:
-        return subprocess.Popen(cmd, env=full, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return subprocess.run(cmd, env=full, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        child_env = {**os.environ, **full}
+        if not database_url:
+            child_env.pop("DATABASE_URL", None)
+        return subprocess.Popen([sys.executable, "-m", "flask", "--app", "webapp", *args], env=child_env, cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.delenv("DATABASE_URL", raising=False)
+        for key, value in full.items():
+            mp.setenv(key, value)
+        result = flask_cli(*args)
+    finally:
+        mp.undo()
+    return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
 
 
 def feedback_rows(app) -> dict[int, tuple]:
@@ -50,6 +63,15 @@ def feedback_rows(app) -> dict[int, tuple]:
     with app.app_context():
         return {f.message_id: (f.id, f.user_id, f.thumb, f.rating, f.correction, f.comment)
                 for f in db.session.scalars(db.select(Feedback))}
+
+
+def running(app) -> bool:
+    from webapp.core.models import TrainingRun
+
+    with app.app_context():
+        found = db.session.scalars(db.select(TrainingRun).filter_by(status="running")).first() is not None
+        db.session.remove()
+    return found
 
 
 class Rater(threading.Thread):
@@ -99,7 +121,8 @@ def test_backup_while_users_rate_and_a_run_trains_restores_exactly(tmp_path, mic
             rater.start()
         training = flask(source, "rl-train", "--min-feedback", "10", "--max-steps", "2",
                          database_url=database_url, background=True)
-        while len(confirmed) < 6 and all(r.is_alive() for r in raters):  # writes are flowing
+        while (len(confirmed) < 6 or not running(app)) and all(r.is_alive() for r in raters) \
+                and training.poll() is None:  # writes are flowing and the run is training
             threading.Event().wait(0.2)
         assert all(r.error is None for r in raters), [r.error for r in raters]
         committed_before = set(confirmed)
@@ -138,6 +161,9 @@ def test_backup_while_users_rate_and_a_run_trains_restores_exactly(tmp_path, mic
                 assert db.session.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar() == n, table
         versions = db.session.scalars(db.select(ModelVersion)).all()
         assert versions and all(v.path.startswith(str(target)) for v in versions)
+        # the run was in the snapshot (normally mid-run: a restored "running" run is recovered as
+        # failed by the next run there, as after a crash)
+        assert db.session.execute(text("SELECT status FROM training_runs")).scalars().all()
     restored_rows = feedback_rows(new)
     assert committed_before <= set(restored_rows)  # no committed feedback lost
     assert all(source_rows[i] == row for i, row in restored_rows.items())  # no partial or foreign row

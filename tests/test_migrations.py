@@ -49,6 +49,15 @@ def _table_rows(connection) -> dict[str, list[tuple]]:
     return out
 
 
+def _typed_rows(connection) -> dict[str, list[tuple]]:
+    """Every row of every model table as Python values (JSON parsed, booleans), by primary key:
+    comparable across SQLite and PostgreSQL."""
+    from sqlalchemy import select
+
+    return {t.name: [tuple(row) for row in connection.execute(select(t).order_by(*t.primary_key.columns))]
+            for t in db.metadata.sorted_tables}
+
+
 def test_models_and_migration_head_agree(tmp_path, database_url, request):
     """The migrations alone build exactly the models' schema: a model changed without a revision
     (a column added, or a table or column deleted) fails here."""
@@ -249,3 +258,33 @@ def test_db_commands_run_on_the_app(tmp_path):
     out = subprocess.run([sys.executable, "-m", "flask", "--app", "webapp", "db", "current"], env=env,
                          capture_output=True, text=True, cwd=Path(__file__).parent.parent)
     assert out.returncode == 0 and f"{head_revision()} (head)" in out.stdout, out.stderr
+
+
+def test_copy_to_postgresql_keeps_every_id_and_row(tmp_path, micro_model_dir, postgres_server, monkeypatch):
+    """Moving to PostgreSQL (docs): the create_all-era fixture, upgraded, then copied with
+    `flask --app webapp copy-database URL`: every row and id arrives, new rows get new ids."""
+    inst = tmp_path / "instance"
+    path = _legacy_database(inst, micro_model_dir)
+    app = make_app(inst)
+    with app.app_context(), db.engine.connect() as connection:
+        before = _typed_rows(connection)
+    url = postgres_server.create_database()
+    monkeypatch.setenv("RLHF_INSTANCE_DIR", str(inst))
+    result = flask_cli("copy-database", url)
+    assert result.exit_code == 0, result.output
+    assert f"({len(before['feedback'])} feedback)" in result.stdout
+    moved = make_app(inst, SQLALCHEMY_DATABASE_URI=url)
+    assert schema_problem(moved) is None
+    with moved.app_context():
+        with db.engine.connect() as connection:
+            after = _typed_rows(connection)
+        assert after == before
+        from webapp.core.models import User
+
+        user = User(anon_id="after-the-move")
+        db.session.add(user)
+        db.session.commit()
+        assert user.id > max(row[0] for row in before["users"])
+    again = flask_cli("copy-database", url)  # never into a database with rows
+    assert again.exit_code == 1 and "not empty" in again.output
+    del path
