@@ -288,3 +288,20 @@ def test_copy_to_postgresql_keeps_every_id_and_row(tmp_path, micro_model_dir, po
     again = flask_cli("copy-database", url)  # never into a database with rows
     assert again.exit_code == 1 and "not empty" in again.output
     del path
+
+
+def test_wsgi_workers_never_upgrade_and_refuse_a_database_behind(tmp_path, micro_model_dir):
+    """gunicorn's workers each import webapp.wsgi: none of them upgrades; each stops with the reason."""
+    import os
+    import subprocess
+    import sys
+
+    inst = tmp_path / "instance"
+    path = _legacy_database(inst, micro_model_dir)
+    env = {**os.environ, "RLHF_INSTANCE_DIR": str(inst), "RLHF_SCHEDULER": "0", "RLHF_AUTO_INIT_MODEL": "0"}
+    out = subprocess.run([sys.executable, "-c", "import webapp.wsgi"], env=env, capture_output=True, text=True,
+                         cwd=Path(__file__).parent.parent)
+    assert out.returncode == 1 and "flask --app webapp db upgrade" in out.stderr, out.stderr
+    conn = sqlite3.connect(path)
+    assert "alembic_version" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    conn.close()
