@@ -20,8 +20,9 @@ from webapp.core.models import (Assignment, Comparison, Conversation, Experiment
 
 TABLES = {"users", "conversations", "messages", "feedback", "comparisons", "model_versions", "experiments",
           "assignments", "training_runs", "answer_scores", "audit_events",
-          "rater_trust", "rater_assessments", "identity_origins",  # feedback integrity (issue 16)
-          "flags", "rail_rules", "rail_interventions"}  # safety (issue 17)
+          "rater_trust", "rater_assessments", "identity_origins",  # feedback integrity
+          "flags", "rail_rules", "rail_interventions",  # safety
+          "api_keys"}  # the /v1 API
 
 
 @pytest.fixture(params=DATABASES)

@@ -1,5 +1,7 @@
 """The data model (tables and columns as the README describes them). Plain SQLAlchemy 2 declarative classes, so
-any SQLAlchemy database works; SQLite is the default."""
+any SQLAlchemy database works; SQLite is the default. Every change here needs a revision in
+webapp/migrations/versions/ (`flask --app webapp db migrate -m "..."`); tests/test_migrations.py
+fails while the two disagree."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -56,6 +58,9 @@ class Conversation(db.Model):
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
     # Soft delete: hidden from the user at once, excluded from training data and exports.
     deleted_at: Mapped[Optional[datetime]] = mapped_column(DateTime)
+    # A conversation held by a front end over the /v1 API: its own chat id (X-OpenWebUI-Chat-Id),
+    # which threads its completions into this conversation.
+    external_chat_id: Mapped[Optional[str]] = mapped_column(String(200), index=True)
 
     user = relationship("User", back_populates="conversations")
     messages = relationship("Message", back_populates="conversation", order_by="Message.id",
@@ -67,7 +72,8 @@ class Message(db.Model):
 
     __tablename__ = "messages"
     __table_args__ = (CheckConstraint(f"role IN {ROLES}", name="ck_messages_role"),
-                      CheckConstraint("arm IS NULL OR arm IN ('control', 'variant')", name="ck_messages_arm"))
+                      CheckConstraint("arm IS NULL OR arm IN ('control', 'variant')", name="ck_messages_arm"),
+                      UniqueConstraint("completion_id", name="uq_messages_completion_id"))
     id: Mapped[int] = mapped_column(primary_key=True)
     conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
     role: Mapped[str] = mapped_column(String(16))
@@ -79,6 +85,12 @@ class Message(db.Model):
     latency_ms: Mapped[Optional[float]] = mapped_column(Float)
     token_count: Mapped[Optional[int]] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    # Answers given over the /v1 API: the key that asked, the completion id the client got (feedback
+    # by completion id names it), and the front end's own message id (X-OpenWebUI-Message-Id).
+    api_key_id: Mapped[Optional[int]] = mapped_column(
+        ForeignKey("api_keys.id", ondelete="SET NULL", name="fk_messages_api_key_id"), index=True)
+    completion_id: Mapped[Optional[str]] = mapped_column(String(64))
+    external_message_id: Mapped[Optional[str]] = mapped_column(String(200), index=True)
 
     conversation = relationship("Conversation", back_populates="messages")
     model_version = relationship("ModelVersion")
@@ -248,9 +260,7 @@ def history(message: Message) -> list[dict[str, str]]:
     return [{"role": m.role, "content": m.content} for m in reversed(chain)]
 
 
-# ---------------------------------------------------------------------------- feedback integrity (issue 16)
-# New tables only: create_schema() adds missing tables, never columns, so existing databases gain these
-# on their next start without a migration.
+# ---------------------------------------------------------------------------- feedback integrity
 
 TRUST_SETTINGS = ("auto", "trusted", "quarantined")
 RATER_STATUSES = ("trusted", "normal", "new", "quarantined")
@@ -299,8 +309,7 @@ class IdentityOrigin(db.Model):
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 
-# ---------------------------------------------------------------------------- flags (issue 17)
-# A new table (create_schema() adds it to existing databases on their next start, no migration).
+# ---------------------------------------------------------------------------- flags
 
 _FLAG_CATEGORIES_SQL = "(" + ", ".join(f"'{v}'" for v in FLAG_VALUES) + ")"
 
@@ -324,8 +333,7 @@ class Flag(db.Model):
     message = relationship("Message")
 
 
-# ---------------------------------------------------------------------------- safety rail (issue 17)
-# New tables only (create_schema() adds missing tables, never columns).
+# ---------------------------------------------------------------------------- safety rail
 
 RAIL_RULE_KINDS = ("phrase", "pattern", "preset")
 RAIL_ACTIONS = ("refused", "regenerated")
@@ -366,3 +374,28 @@ class RailIntervention(db.Model):
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, index=True)
 
     model_version = relationship("ModelVersion")
+
+
+# ---------------------------------------------------------------------------- the /v1 API
+
+class ApiKey(db.Model):
+    """A key for the OpenAI-compatible /v1 API, created by an admin and shown once. Only its
+    SHA-256 is stored (keys are long random strings, so a fast hash is enough); ``prefix`` is
+    the first characters, for recognising it in lists. ``client`` names the front end the key
+    belongs to: end users (the ``user`` field, ``safety_identifier``, a forwarded header) are the
+    same app users across all keys of one client. ``forwards_user_headers`` trusts the
+    ``X-OpenWebUI-User-Id`` header, for a front end that sets it itself."""
+
+    __tablename__ = "api_keys"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(80), unique=True)
+    client: Mapped[str] = mapped_column(String(80))
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    forwards_user_headers: Mapped[bool] = mapped_column(default=False)
+    rate_limit: Mapped[Optional[str]] = mapped_column(String(100))  # None: RLHF_API_RATE_LIMIT
+    created_by: Mapped[Optional[int]] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    last_used_at: Mapped[Optional[datetime]] = mapped_column(DateTime)
+    request_count: Mapped[int] = mapped_column(Integer, default=0)
+    revoked_at: Mapped[Optional[datetime]] = mapped_column(DateTime)

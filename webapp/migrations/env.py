@@ -42,10 +42,25 @@ def run_migrations_online() -> None:
 
 
 def _run(connection, conf_args: dict) -> None:
-    context.configure(connection=connection, target_metadata=target_db.metadata,
-                      render_as_batch=connection.dialect.name == "sqlite", **conf_args)
-    with context.begin_transaction():
-        context.run_migrations()
+    sqlite = connection.dialect.name == "sqlite"
+    if sqlite:
+        # Batch mode copies a table and drops the old one: with foreign keys enforced, that drop
+        # would cascade to every row referencing it (feedback, scores...). Off for the migration
+        # (only outside a transaction), checked afterwards, on again.
+        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+    try:
+        context.configure(connection=connection, target_metadata=target_db.metadata, render_as_batch=sqlite,
+                          **conf_args)
+        with context.begin_transaction():
+            context.run_migrations()
+        connection.commit()  # the PRAGMA above began the connection's transaction: alembic leaves it open
+    finally:
+        if sqlite:
+            broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+            connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+            if broken:
+                raise RuntimeError(f"the migration left {len(broken)} rows whose foreign keys point nowhere, "
+                                   f"e.g. {broken[0]}")
 
 
 if context.is_offline_mode():
