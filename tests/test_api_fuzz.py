@@ -319,7 +319,7 @@ def admin_client(app):
     token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
     resp = client.post("/admin/login", data={"username": "root", "password": ADMIN_PASSWORD, "csrf_token": token})
     assert resp.status_code == 302, resp.status_code
-    return SimpleNamespace(client=client, csrf=token)
+    return SimpleNamespace(client=client, csrf=client.get("/api/session").get_json()["csrf_token"])
 
 
 @pytest.fixture(scope="module")
