@@ -119,8 +119,8 @@ def _retry_after_seconds() -> int | None:
 
 def _size(n: int) -> str:
     if n >= 1024 * 1024:
-        return f"{n / (1024 * 1024):g} MiB"
-    return f"{n / 1024:g} KiB" if n >= 1024 else f"{n} bytes"
+        return f"{n / (1024 * 1024):.4g} MiB"
+    return f"{n / 1024:.4g} KiB" if n >= 1024 else f"{n} bytes"
 
 
 def init_app(app: Flask) -> None:
