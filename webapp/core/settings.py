@@ -192,8 +192,9 @@ class Settings:
     compare_rate: float = setting(0.1, "share of questions answered side by side while an experiment runs",
                                   "Experiments", low=0.0, high=1.0)
     # rate limits
-    login_rate_limit: str = setting("10 per minute", "admin login attempts per address and per username",
-                                    "Rate limits", check=_rate_limit)
+    login_rate_limit: str = setting("10 per minute", "admin login attempts per address and per username (one name "
+                                    "however it is written: case, surrounding spaces)", "Rate limits",
+                                    check=_rate_limit)
     chat_rate_limit: str = setting("30 per minute", "questions per user: posting a message, regenerate and compare "
                                    "share it", "Rate limits", check=_rate_limit)
     chat_rate_limit_per_address: str = setting("600 per minute", "the same, per client address (high: many users "
@@ -225,8 +226,9 @@ class Settings:
                                            "Existing identities and signed-in users are never affected. A household "
                                            "or office behind one address stays far below it; `0`: no limit. Off "
                                            "with `RLHF_RATELIMIT_ENABLED=0`", "Feedback integrity", low=0)
-    account_rate_limit: str = setting("10 per minute", "end users' sign-in and registration attempts per address "
-                                      "and per username", "Feedback integrity", check=_rate_limit)
+    account_rate_limit: str = setting("10 per minute", "end users' sign-in, registration and password-change "
+                                      "attempts per address and per username (as for admins)", "Feedback integrity",
+                                      check=_rate_limit)
     trusted_proxies: int = setting(0, "reverse proxies in front of the app whose `X-Forwarded-For` and "
                                    "`X-Forwarded-Proto` are believed (werkzeug's ProxyFix). `0`: the client address "
                                    "is the connection's. Behind a proxy set it to the number of proxies, or every "
