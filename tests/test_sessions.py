@@ -321,6 +321,16 @@ def test_usernames_are_unique_regardless_of_case_and_whitespace(admin_app):
         db.session.rollback()
 
 
+def test_create_admin_does_not_take_over_an_end_users_account(app):
+    member = register(app, "Alice")
+    result = CliRunner().invoke(FlaskGroup(create_app=lambda: app), ["create-admin", "alice", "--password-stdin"],
+                                input="an admin password\n")
+    assert result.exit_code == 1 and "'Alice' is an end user's account" in result.output, result.output
+    with app.app_context():
+        assert not db.session.get(User, member.user_id).is_admin
+    assert member.get("/api/session").get_json()["username"] == "Alice"  # still signed in, still no admin
+
+
 def test_registered_names_are_stored_trimmed(app):
     api = ApiClient(app.test_client())
     resp = api.post("/api/account/register", json={"username": "  Spaced_Name\t", "password": PASSWORD})

@@ -119,6 +119,9 @@ def set_admin_password(username: str, password: str) -> tuple[User, bool]:
     if len(password) < MIN_PASSWORD:
         raise click.ClickException(f"password must be at least {MIN_PASSWORD} characters")
     user = find_user(username)
+    if user is not None and not user.is_admin:  # an end user's account never becomes an admin's
+        raise click.ClickException(f"{user.username!r} is an end user's account (names are compared ignoring case "
+                                   "and surrounding spaces); choose another name for the admin")
     created = user is None
     if created:
         user = User(username=username)
