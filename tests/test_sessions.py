@@ -19,6 +19,7 @@ from tests.conftest import ApiClient, make_app
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import AuditEvent, User
+from webapp.core.settings import ConfigError
 
 ADMIN_PASSWORD = "admin password 1"
 PASSWORD = "member password 1"
@@ -230,6 +231,9 @@ def test_admin_session_lifetimes_are_settings(tmp_path, micro_model_dir):
     assert admin.get("/api/admin/audit").status_code == 401
     with app.app_context():
         db.engine.dispose()
+    for name in ("RLHF_ADMIN_SESSION_IDLE_HOURS", "RLHF_ADMIN_SESSION_MAX_HOURS", "RLHF_MAX_REQUEST_MB"):
+        with pytest.raises(ConfigError, match=rf"{name}=0 \(create_app\(config\)\) must be > 0"):
+            make_app(tmp_path / "bad", **{name: 0})
 
 
 def test_admin_cookie_expires_with_the_session_and_is_not_renewed_past_its_lifetime(admin_app):

@@ -213,13 +213,13 @@ class Settings:
                                   "default run is plain http on localhost, where a Secure cookie would never be sent "
                                   "back). The cookie is always HttpOnly and SameSite=Lax", "Cookies",
                                   key="SESSION_COOKIE_SECURE")
-    # sessions and requests
+    # sessions, requests
     admin_session_idle_hours: float = setting(12.0, "an admin's session ends after this many hours without a request "
                                               "(sign in again)", "Sessions", above=0.0)
     admin_session_max_hours: float = setting(168.0, "an admin's session ends this many hours after signing in, "
                                              "however active (168: a week)", "Sessions", above=0.0)
     max_request_mb: float = setting(1.0, "largest request body, in MiB; a larger one is refused with 413 before it is "
-                                    "read", "Sessions", above=0.0, high=1024.0)
+                                    "read", "Requests", above=0.0, high=1024.0)
     # ---- feedback integrity (issue 16, web side): identities, accounts, the client address
     new_identities_per_hour: int = setting(30, "new anonymous identities (cookies) one client address may create "
                                            "per hour; beyond it the API answers 429 (sign in, or try later). "
