@@ -135,7 +135,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="signin-timing-") as tmp:
         app = build_app(Path(tmp) / "instance")
         times = measure(app, args.rounds, args.seed)
-    result = {"code": str(Path(webapp.__file__).resolve().parent.parent), "rounds": args.rounds,
+    code = Path(webapp.__file__).resolve().parent.parent
+    result = {"code": "." if code == ROOT else str(code), "rounds": args.rounds,
               "loadavg_before": before, "loadavg_after": loadavg(), **summary(times)}
     for name, c in result["cases"].items():
         print(f"{name:26s} median {c['median_ms']:7.1f} ms   p10 {c['p10_ms']:7.1f}   p90 {c['p90_ms']:7.1f}")
