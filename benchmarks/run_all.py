@@ -292,6 +292,18 @@ def rows_scaling(r: dict) -> list[list[str]]:
     return rows
 
 
+def rows_signin(r: dict) -> list[list[str]]:
+    low, high = r["target"]["ratio_low"], r["target"]["ratio_high"]
+    out = []
+    for form in ("admin", "account"):
+        unknown, wrong, ratio = r["cases"][f"{form}: unknown name"], r["cases"][f"{form}: wrong password"], \
+            r["ratios"][form]
+        out.append([f"{form} sign-in, unknown name: median ms", _f(unknown["median_ms"]),
+                    f"{_f(wrong['median_ms'])} (wrong password)", _f(ratio, 3), f"{low}-{high}",
+                    _met(low <= ratio <= high)])
+    return out
+
+
 def rows_generic(r: Any) -> list[list[str]]:
     if isinstance(r, dict):
         return [[k, _f(v, 3), "–", "–", "–", "–"] for k, v in r.items() if isinstance(v, (int, float, str))][:8]
@@ -326,6 +338,8 @@ BENCHMARKS = [
               rows_scaling),
     Benchmark("ab_validity", "ab_validity.py", ["--old"], ["--quick", "--old"], 7200,
               "simulated A/A and A/B experiments through the promotion policy, before and after", rows_ab_validity),
+    Benchmark("signin_timing", "signin_timing.py", ["--rounds", "40"], ["--rounds", "5"], 900,
+              "failed sign-ins: an unknown name vs a wrong password (admin login and end-user sign-in)", rows_signin),
     Benchmark("closed_loop", "closed_loop.py", [], ["--preference", "polite"], 7200,
               "the whole loop with simulated users on the real server (minutes)", rows_closed_loop),
 ]

@@ -219,7 +219,11 @@ class ApiClient:
 
     def _send(self, method, url, json=None, **kw):
         headers = {"X-CSRFToken": self.csrf, **kw.pop("headers", {})}
-        return getattr(self.client, method)(url, json=json, headers=headers, **kw)
+        resp = getattr(self.client, method)(url, json=json, headers=headers, **kw)
+        data = resp.get_json(silent=True) if resp.is_json else None
+        if isinstance(data, dict) and data.get("csrf_token"):  # signing in starts a new token, as the chat page does
+            self.csrf = data["csrf_token"]
+        return resp
 
     def post(self, url, json=None, **kw):
         return self._send("post", url, json, **kw)

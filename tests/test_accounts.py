@@ -24,9 +24,13 @@ def test_register_keeps_the_conversations_and_signing_in_elsewhere_gets_them(app
     with alice.client.session_transaction() as sess:
         old_cookie_id = sess["anon_id"]
 
+    anonymous_token = alice.csrf
     resp = alice.post("/api/account/register", json={"username": "alice_1", "password": PASSWORD})
     assert resp.status_code == 201, resp.get_data(as_text=True)
-    assert resp.get_json() == {"user_id": alice.user_id, "username": "alice_1", "signed_in": True}
+    body = resp.get_json()
+    assert body == {"user_id": alice.user_id, "username": "alice_1", "signed_in": True,
+                    "csrf_token": body["csrf_token"]}
+    assert body["csrf_token"] != anonymous_token  # a new token at sign-in
     session = alice.get("/api/session").get_json()
     assert (session["user_id"], session["username"], session["is_admin"]) == (alice.user_id, "alice_1", False)
     assert titles(alice) == ["rice questions"]  # the same user: nothing moved, nothing lost

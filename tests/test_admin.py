@@ -37,6 +37,8 @@ def login(app, username="root", password=PASSWORD):
     client = app.test_client()
     token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/admin/login").get_data(as_text=True)).group(1)
     resp = client.post("/admin/login", data={"username": username, "password": password, "csrf_token": token})
+    if resp.status_code == 302:  # signed in: a new CSRF token (the login page's no longer works)
+        token = client.get("/api/session").get_json()["csrf_token"]
     return client, token, resp
 
 

@@ -84,6 +84,7 @@ FIELD_VALUES = {
     "algorithm": st.sampled_from(["ppo", "dpo", "kto", "rloo", "sgd"]),
     "username": st.one_of(st.from_regex(r"\A[a-z0-9][a-z0-9._-]{2,31}\Z"), TEXT),
     "password": st.one_of(st.sampled_from(["fuzz-password", "short", "x" * 201]), TEXT),
+    "new_password": st.one_of(st.sampled_from(["changer-password", "short", "x" * 201]), TEXT),
     "trust": st.sampled_from(["auto", "trusted", "quarantined", "maybe"]), "note": TEXT,
     "category": st.one_of(st.sampled_from(FLAG_VALUES), st.sampled_from(["spam", "HATE", ""])),
 }
@@ -156,6 +157,10 @@ ROUTES: dict[str, dict] = {
     "account_api.register": {"caller": "visitor", "base": {"username": "fuzzer", "password": "fuzz-password"}},
     "account_api.login": {"caller": "visitor", "base": {"username": "member", "password": "member-password"}},
     "account_api.logout": {"caller": "visitor"},
+    # a signed-in end user of their own (a new password ends their other sessions, not this one)
+    "account_api.change_password": {"caller": "changer", "base": {"password": "changer-password",
+                                                                  "new_password": "changer-password"}},
+    "admin_api.post_user_sign_out": {"caller": "admin"},
 }
 
 
@@ -319,7 +324,7 @@ def admin_client(app):
     token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
     resp = client.post("/admin/login", data={"username": "root", "password": ADMIN_PASSWORD, "csrf_token": token})
     assert resp.status_code == 302, resp.status_code
-    return SimpleNamespace(client=client, csrf=token)
+    return SimpleNamespace(client=client, csrf=client.get("/api/session").get_json()["csrf_token"])
 
 
 @pytest.fixture(scope="module")
@@ -359,6 +364,9 @@ def world(tmp_path_factory, micro_model_dir, request):
                             ).status_code == 201
         assert visitor.post("/api/account/logout").get_json() == {"signed_out": True}
         visitor = ApiClient(app.test_client())
+        changer = ApiClient(app.test_client())  # signed in to an account of its own
+        assert changer.post("/api/account/register", json={"username": "changer", "password": "changer-password"}
+                            ).status_code == 201
         admin = admin_client(app)
         with app.app_context():  # a running experiment, so routing, compare and metrics take their A/B paths
             db.session.add(Experiment(key="exp-run", control_version_id=1, variant_version_id=2, status="running"))
@@ -367,7 +375,7 @@ def world(tmp_path_factory, micro_model_dir, request):
         with app.app_context():
             tables = sa.inspect(db.engine).get_table_names()
         yield SimpleNamespace(app=app, owner=users["owner"], other=users["other"], admin=admin, visitor=visitor,
-                              valid=valid,
+                              changer=changer, valid=valid,
                               tables=tables, rules={r.endpoint: r for r in app.url_map.iter_rules()})
         elapsed = time.perf_counter() - started
         random_cases = sum(n for (kind, _), n in RUN_COUNTS.items() if kind == "random")
@@ -403,8 +411,12 @@ def send(world, caller, req: dict):
         headers["X-CSRFToken"] = "not-a-token"
     if req["content_type"] is not None:
         headers["Content-Type"] = req["content_type"]
-    return caller.client.open(req["path"], method=req["method"], query_string=req["query"], data=req["body"],
+    resp = caller.client.open(req["path"], method=req["method"], query_string=req["query"], data=req["body"],
                               headers=headers, buffered=True)
+    data = resp.get_json(silent=True) if resp.is_json and resp.status_code < 300 else None
+    if isinstance(data, dict) and isinstance(data.get("csrf_token"), str):  # signing in starts a new token
+        caller.csrf = data["csrf_token"]
+    return resp
 
 
 def check_response(world, endpoint: str, req: dict, resp, before: dict) -> None:

@@ -12,7 +12,9 @@ each cell written down in ``MATRIX``.
 Every cell runs against fresh objects (a new conversation, version, experiment... created for
 it), so a successful DELETE or promote in one cell cannot change the outcome of another. A
 route that is added to the app without a row here fails ``test_every_route_is_classified``.
-Requests carry the caller's valid CSRF token: what is tested is who may do what, not CSRF.
+Requests carry the caller's valid CSRF token: what is tested is who may do what, not CSRF. A cell
+that ends the admin's or the member's sessions (logging out, a new password) ends them for every
+later cell too (webapp/core/signin.py), so those two are signed in again when that happened.
 """
 from __future__ import annotations
 
@@ -185,6 +187,18 @@ def fresh_rater(world) -> dict:
         return {"user_id": user.id}
 
 
+def fresh_account(world) -> dict:
+    """An end user's account that nobody else's cell uses (what an admin signs out everywhere)."""
+    from webapp.core.extensions import db
+    from webapp.core.models import User
+
+    with world.app.app_context():
+        user = User(username=f"authz-account-{next(_ids)}", password_hash="not a real hash")
+        db.session.add(user)
+        db.session.commit()
+        return {"user_id": user.id}
+
+
 def new_account_body(world) -> dict:
     return {"body": {"username": f"authz-user-{next(_ids)}", "password": "a long password"}}
 
@@ -246,6 +260,15 @@ def undo_registration(world, role: str, resp, objs: dict) -> None:
             db.session.commit()
 
 
+def generation_bumped(world, role: str, resp, objs: dict) -> None:
+    from webapp.core.extensions import db
+    from webapp.core.models import User
+
+    assert resp.get_json() == {"user_id": objs["user_id"], "username": resp.get_json()["username"], "signed_out": True}
+    with world.app.app_context():
+        assert db.session.get(User, objs["user_id"]).session_generation == 1, role
+
+
 def redirects_to(path: str) -> Callable:
     def check(world, role: str, resp, objs: dict) -> None:
         if 300 <= resp.status_code < 400:
@@ -284,6 +307,9 @@ MATRIX: dict[tuple[str, str], Row] = {
                                             "admin": 409}, setup=new_account_body, check=undo_registration),
     ("POST", "/api/account/login"): Row(everyone(200), body={"username": "member", "password": MEMBER_PASSWORD}),
     ("POST", "/api/account/logout"): Row(everyone(200)),
+    # a new password: only for the signed-in end user (an admin's is set with create-admin)
+    ("POST", "/api/account/password"): Row({"anonymous": 401, "other": 401, "owner": 401, "member": 200, "admin": 403},
+                                           body={"password": MEMBER_PASSWORD, "new_password": MEMBER_PASSWORD}),
     # ---- chat: a caller's own list, and their own objects only
     ("GET", "/api/conversations"): Row(everyone(200), setup=chat_objects, check=lists_only_own),
     ("POST", "/api/conversations"): Row(everyone(201), body={"title": "mine"}),
@@ -326,6 +352,8 @@ MATRIX: dict[tuple[str, str], Row] = {
     ("GET", "/api/admin/feedback"): Row(admin_api(200), query="thumb=up"),
     ("GET", "/api/admin/export"): Row(admin_api(200), query="format=pairs"),
     ("GET", "/api/admin/audit"): Row(admin_api(200)),
+    ("POST", "/api/admin/users/<int:user_id>/sign-out"): Row(admin_api(200), setup=fresh_account,
+                                                             check=generation_bumped),
     ("GET", "/api/admin/raters"): Row(admin_api(200), query="status=quarantined&sort=share"),
     ("POST", "/api/admin/raters/<int:user_id>/trust"): Row(admin_api(200), setup=fresh_rater,
                                                           body={"trust": "quarantined", "note": "authz"}),
@@ -382,23 +410,46 @@ def world(tmp_path_factory, micro_model_dir, request):
             db.session.commit()
             owner_id, other_id = owner.id, other.id
             model_path = db.session.get(ModelVersion, 1).path
-        admin = app.test_client()
-        token = _csrf_from_login_page(admin)
-        assert admin.post("/admin/login", data={"username": "root", "password": ADMIN_PASSWORD,
-                                                "csrf_token": token}).status_code == 302
-        with admin.session_transaction() as sess:
-            admin_session = dict(sess)
         member = app.test_client()
         token = member.get("/api/session").get_json()["csrf_token"]
         signed = member.post("/api/account/register", json={"username": "member", "password": MEMBER_PASSWORD},
                              headers={"X-CSRFToken": token})
         assert signed.status_code == 201, signed.get_data(as_text=True)
-        with member.session_transaction() as sess:
-            member_session = dict(sess)
+        with app.app_context():
+            admin_id = db.session.scalars(db.select(User).filter_by(username="root")).one().id
         world = SimpleNamespace(app=app, owner_id=owner_id, other_id=other_id, model_path=model_path,
-                                admin_session=admin_session, member_id=signed.get_json()["user_id"],
-                                member_session=member_session)
+                                admin_id=admin_id, member_id=signed.get_json()["user_id"], sessions={})
         yield world
+
+
+def _sign_in(world, role: str) -> dict:
+    """A new signed-in session of the admin or the member (their cookie's content)."""
+    client = world.app.test_client()
+    if role == "admin":
+        resp = client.post("/admin/login", data={"username": "root", "password": ADMIN_PASSWORD,
+                                                 "csrf_token": _csrf_from_login_page(client)})
+        assert resp.status_code == 302, resp.status_code
+    else:
+        token = client.get("/api/session").get_json()["csrf_token"]
+        resp = client.post("/api/account/login", json={"username": "member", "password": MEMBER_PASSWORD},
+                           headers={"X-CSRFToken": token})
+        assert resp.status_code == 200, resp.get_data(as_text=True)
+    with client.session_transaction() as sess:
+        return dict(sess)
+
+
+def signed_in_session(world, role: str) -> dict:
+    """The admin's or the member's session, signed in again when a cell ended it (a logout, a
+    password change)."""
+    from webapp.core.extensions import db
+    from webapp.core.models import User
+    from webapp.core.signin import GENERATION
+
+    with world.app.app_context():
+        generation = db.session.get(User, world.admin_id if role == "admin" else world.member_id).session_generation
+    if world.sessions.get(role, {}).get(GENERATION) != generation:
+        world.sessions[role] = _sign_in(world, role)
+    return world.sessions[role]
 
 
 def client_as(world, role: str):
@@ -406,10 +457,8 @@ def client_as(world, role: str):
     cannot affect another)."""
     client = world.app.test_client()
     with client.session_transaction() as sess:
-        if role == "admin":
-            sess.update(world.admin_session)
-        elif role == "member":
-            sess.update(world.member_session)
+        if role in ("admin", "member"):
+            sess.update(signed_in_session(world, role))
         elif role in ("owner", "other"):
             sess["anon_id"] = "authz-owner-cookie-id" if role == "owner" else "authz-other-cookie-id"
     if role in ("admin", "member"):

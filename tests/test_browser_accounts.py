@@ -113,6 +113,20 @@ def test_register_sign_in_elsewhere_and_sign_out(open_chat, server, size):
     with app.app_context():
         user = db.session.get(User, uid)
         assert user.username == name and user.password_hash and user.password_hash != PASSWORD
+    if size == "desktop":  # the page goes on writing with the CSRF token that registering started
+        item = page.locator(".conversation-item").first
+        item.hover()
+        item.locator(".rename-conversation").click()
+        item.locator(".rename-input").fill(f"Rice chat {size} renamed")
+        item.locator(".rename-input").press("Enter")
+        expect(item.locator(".conversation-link")).to_have_text(f"Rice chat {size} renamed")
+        with app.app_context():
+            assert db.session.scalars(db.select(Conversation.title).filter_by(user_id=uid)).all() == \
+                [f"Rice chat {size} renamed"]
+        item.locator(".rename-conversation").click()  # and back, for the other browser below
+        item.locator(".rename-input").fill(f"Rice chat {size}")
+        item.locator(".rename-input").press("Enter")
+        expect(item.locator(".conversation-link")).to_have_text(f"Rice chat {size}")
 
     # another browser (another address): anonymous, with nothing, until it signs in
     other = open_chat(size)
@@ -124,19 +138,26 @@ def test_register_sign_in_elsewhere_and_sign_out(open_chat, server, size):
     dialog.get_by_role("button", name="Sign in").click()
     expect(dialog.get_by_role("alert")).to_have_text("Wrong username or password.")
     dialog.get_by_label("Password").fill(PASSWORD)
-    dialog.get_by_role("button", name="Sign in").click()
-    other.wait_for_load_state()
+    # signing in reloads the page: wait for that reload, not for the old page (already ready)
+    with other.expect_navigation():
+        dialog.get_by_role("button", name="Sign in").click()
     other.wait_for_selector("body.ready")
     section = account_section(other, size)
     expect(section.locator("#account-status")).to_have_text(f"Signed in as {name}")
     expect(other.locator("#conversation-list .conversation-link")).to_have_text([f"Rice chat {size}"])
     assert_accessible(other, f"signed in ({size})")
 
-    section.get_by_role("button", name="Sign out").click()
+    with other.expect_navigation():  # signing out reloads the page too
+        section.get_by_role("button", name="Sign out").click()
     other.wait_for_selector("body.ready")
     section = account_section(other, size)
     expect(section.locator("#account-status")).to_have_text("Not signed in")
     assert conversation_titles(other) == []
+    # signing out ended the account's session in the first browser too
+    page.reload()
+    page.wait_for_selector("body.ready")
+    expect(account_section(page, size).locator("#account-status")).to_have_text("Not signed in")
+    assert conversation_titles(page) == []
 
 
 def test_too_many_new_identities_show_a_readable_message_and_sign_in_still_works(open_chat, server):
@@ -164,7 +185,8 @@ def test_too_many_new_identities_show_a_readable_message_and_sign_in_still_works
     dialog = page.get_by_role("dialog", name="Sign in")
     dialog.get_by_label("Username").fill("regular")
     dialog.get_by_label("Password").fill(PASSWORD)
-    dialog.get_by_role("button", name="Sign in").click()
+    with page.expect_navigation():
+        dialog.get_by_role("button", name="Sign in").click()
     page.wait_for_selector("body.ready")
     expect(page.locator("#account-status")).to_have_text("Signed in as regular")
     expect(page.locator("#session-problem")).to_be_hidden()

@@ -1,20 +1,22 @@
 """The admin raters page in Chromium: an admin sees the raters with their latest assessment,
 filters them, quarantines one with a note (confirmed in a dialog), the audit log has it and the
-status changes; restoring works the same way; user names are shown as text, never as markup;
-accessible (axe-core) and fitting a phone."""
+status changes; restoring works the same way; signs an account out everywhere; user names are shown
+as text, never as markup; accessible (axe-core) and fitting a phone."""
 from __future__ import annotations
 
 import pytest
+import requests
 from playwright.sync_api import expect
+from werkzeug.security import generate_password_hash
 
 from tests.accessibility import assert_accessible
-from tests.browser_checks import admin_login, assert_nothing_injected
+from tests.browser_checks import admin_login, assert_nothing_injected, watch_csp
 from tests.conftest import make_app, register_model
 from tests.live_server import LiveServer
 from tests.test_raters import seed_raters
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
-from webapp.core.models import RaterTrust
+from webapp.core.models import RaterTrust, User
 
 pytestmark = pytest.mark.browser
 
@@ -116,5 +118,42 @@ def test_the_raters_page_fits_a_phone(browser, server):
     box = page.get_by_role("dialog").bounding_box()
     assert box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
     page.get_by_role("dialog").get_by_role("button", name="Cancel").click()
+    context.close()
+    assert errors == [] and csp == [], (errors, csp)
+
+
+def test_an_admin_signs_an_account_out_everywhere(browser, server):
+    live, app, ids = server
+    with app.app_context():  # heavy_rater signs in somewhere with a real password
+        db.session.get(User, ids["heavy"]).password_hash = generate_password_hash(PASSWORD)
+        db.session.commit()
+    member = requests.Session()
+    token = member.get(live.url + "/api/session").json()["csrf_token"]
+    assert member.post(live.url + "/api/account/login", json={"username": "heavy_rater", "password": PASSWORD},
+                       headers={"X-CSRFToken": token}).status_code == 200
+    assert member.get(live.url + "/api/session").json()["username"] == "heavy_rater"
+
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    csp = watch_csp(page)
+    asked: list[str] = []
+    page.on("dialog", lambda d: (asked.append(d.message), d.accept()))  # the confirmation, answered yes
+    page.goto(live.url + "/admin/login")
+    page.fill("input[name=username]", "root")
+    page.fill("input[name=password]", PASSWORD)
+    with page.expect_navigation():
+        page.click("button[type=submit]")
+    page.goto(live.url + "/admin/raters")
+    expect(page.locator(f"tr[data-rater='{ids['new']}']").get_by_role("button", name="Sign out everywhere")
+           ).to_have_count(0)  # an anonymous visitor has no account to sign out
+    with page.expect_navigation():  # the page reloads once the sessions ended
+        page.get_by_role("button", name="Sign heavy_rater out everywhere").click()
+    assert asked == ["Sign heavy_rater out everywhere? Every browser signed in to this account is signed out at "
+                     "once; the password stays the same."]
+    assert member.get(live.url + "/api/session").json()["username"] is None
+    audit = page.request.get(live.url + "/api/admin/audit").json()["events"][0]
+    assert (audit["action"], audit["actor"], audit["subject"]) == ("sign_out_everywhere", "root", "heavy_rater")
     context.close()
     assert errors == [] and csp == [], (errors, csp)

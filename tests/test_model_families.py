@@ -241,7 +241,7 @@ def admin_client(app):
     token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/admin/login").get_data(as_text=True)).group(1)
     assert client.post("/admin/login", data={"username": "root", "password": PASSWORD,
                                              "csrf_token": token}).status_code == 302
-    return client, {"X-CSRFToken": token}
+    return client, {"X-CSRFToken": client.get("/api/session").get_json()["csrf_token"]}  # a new token at sign-in
 
 
 def test_rl_train_lora_gate_adapter_serving_promote_and_rollback(imported):

@@ -45,6 +45,12 @@
     },
   };
 
+  // Raters: an account's sessions end everywhere (POST /api/admin/users/<id>/sign-out).
+  handlers["sign-out-everywhere"] = (el) => {
+    if (!window.confirm(`Sign ${el.dataset.name} out everywhere? Every browser signed in to this account is signed out at once; the password stays the same.`)) return;
+    act(() => call("POST", `/api/admin/users/${encodeURIComponent(el.dataset.id)}/sign-out`));
+  };
+
   // Raters: quarantine / restore / trust, confirmed in a dialog with a note (POST /api/admin/raters/<id>/trust).
   const trustDialog = document.getElementById("trust-dialog");
   const TRUST_TEXT = {

@@ -1062,6 +1062,7 @@
     try {
       const data = await api("POST", register ? "/api/account/register" : "/api/account/login", body);
       els.accountPassword.value = "";
+      if (data.csrf_token) state.csrf = data.csrf_token;  // signing in starts a new CSRF token
       if (register) {  // the same user, now with an account: nothing else on the page changes
         els.accountDialog.close();
         showAccount(data.username, false);

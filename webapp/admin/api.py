@@ -9,7 +9,7 @@ from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
 from rlhf.algorithms import ALGORITHMS
 
-from webapp.admin.auth import admin_api
+from webapp.admin.auth import admin_api, sign_user_out_everywhere
 from webapp.admin.feedback_browser import feedback_page
 from webapp.admin.raters import change_trust, rater_page
 from webapp.admin.runs import run_dict, run_or_404
@@ -201,6 +201,15 @@ def list_raters():
 def post_rater_trust(user_id: int):
     """``{"trust": "auto"|"trusted"|"quarantined", "note"?}``: the admin's setting (audit-logged)."""
     return jsonify(rater=change_trust(user_id))
+
+
+# ---------------------------------------------------------------------------- accounts
+
+@bp.post("/users/<int:user_id>/sign-out")
+@admin_api
+def post_user_sign_out(user_id: int):
+    """Sign an account (an end user's or another admin's) out everywhere (audit-logged)."""
+    return jsonify(sign_user_out_everywhere(user_id))
 
 
 @bp.get("/audit")

@@ -1,18 +1,24 @@
-"""Admin accounts: hashed passwords, login/logout pages (rate-limited), route guards."""
+"""Admin accounts: hashed passwords, login/logout pages (rate-limited), route guards; an admin
+signing a user out everywhere. Sessions themselves (revocation, lifetimes): webapp/core/signin.py."""
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from typing import Callable
 
 import click
-from flask import Blueprint, current_app, flash, jsonify, redirect, render_template, request, session, url_for
-from flask_login import login_user, logout_user
-from werkzeug.security import check_password_hash, generate_password_hash
+from flask import Blueprint, current_app, flash, jsonify, redirect, render_template, request, url_for
+from flask_login import current_user
+from werkzeug.exceptions import BadRequest, NotFound
+from werkzeug.security import generate_password_hash
 
+from webapp.core.audit import audit
 from webapp.core.extensions import db, limiter
 from webapp.core.identity import is_admin
 from webapp.core.models import User
+from webapp.core.signin import (check_password, clean_username, end_all_sessions, find_user, sign_in, sign_out,
+                                username_key)
 
 bp = Blueprint("admin_auth", __name__, url_prefix="/admin")
 
@@ -39,9 +45,15 @@ def admin_page(view: Callable) -> Callable:
     return wrapper
 
 
+# A same-site admin path (and query): no scheme or host, no control characters or spaces (a CR/LF
+# would end up in the Location header), no "//" or "\\" that a browser could read as another host.
+_NEXT = re.compile(r"/admin(?:[/?#][A-Za-z0-9._~!$&'()*+,;=:@%/?#-]*)?")
+ADMIN_USERNAME = re.compile(r"[A-Za-z0-9._-]{1,80}")
+
+
 def _safe_next(target: str | None) -> str:
     # only same-site paths: never redirect to another host after login
-    if target and target.startswith("/admin") and "//" not in target and "\\" not in target:
+    if target and _NEXT.fullmatch(target) and "//" not in target:
         return target
     return url_for("admin_pages.overview")
 
@@ -50,23 +62,24 @@ def _login_limit() -> str:
     return current_app.config["RLHF_LOGIN_RATE_LIMIT"]
 
 
+def _login_username_key() -> str:
+    return username_key(request.form.get("username") or "")[:80]
+
+
 @bp.route("/login", methods=["GET", "POST"])
 @limiter.limit(_login_limit, methods=["POST"], error_message="Too many login attempts from your network address.")
-@limiter.limit(_login_limit, methods=["POST"], key_func=lambda: (request.form.get("username") or "").lower(),
+@limiter.limit(_login_limit, methods=["POST"], key_func=_login_username_key,
                scope="login-user", error_message="Too many login attempts for this username.")
 def login():
     if is_admin():
         return redirect(_safe_next(request.args.get("next")))
     error = None
     if request.method == "POST":
-        username = (request.form.get("username") or "").strip()
+        username = clean_username(request.form.get("username") or "")
         password = request.form.get("password") or ""
-        user = db.session.scalars(db.select(User).filter_by(username=username, is_admin=True)).first() \
-            if username else None
-        if user is not None and user.password_hash and check_password_hash(user.password_hash, password):
-            session.pop("anon_id", None)  # the admin is no longer the anonymous visitor
-            login_user(user)
-            session.permanent = True
+        user = find_user(username) if ADMIN_USERNAME.fullmatch(username) else None
+        if check_password(user if user is not None and user.is_admin else None, password):
+            sign_in(user)
             return redirect(_safe_next(request.args.get("next")))
         error = "Wrong username or password."
     return render_template("admin/login.html", error=error), (401 if error else 200)
@@ -74,25 +87,47 @@ def login():
 
 @bp.post("/logout")
 def logout():
-    logout_user()
-    session.clear()
+    """Log out: this admin's sessions end on every device."""
+    sign_out()
     flash("You are logged out.")
     return redirect(url_for("admin_auth.login"))
+
+
+def sign_user_out_everywhere(user_id: int) -> dict:
+    """``POST /api/admin/users/<id>/sign-out``: every session of that account ends (audit-logged).
+    404 for an unknown user; 400 for an anonymous visitor (no account) and for the caller."""
+    user = db.session.get(User, user_id)
+    if user is None:
+        raise NotFound("User not found.")
+    if not (user.is_admin or user.password_hash):
+        raise BadRequest("That user is an anonymous visitor without an account: there is no sign-in to end.")
+    if user.id == current_user.id:
+        raise BadRequest("Use Log out to end your own sessions.")
+    end_all_sessions(user)
+    audit("sign_out_everywhere", user.username or f"user {user.id}", user_id=user.id)
+    db.session.commit()
+    return {"user_id": user.id, "username": user.username, "signed_out": True}
 
 
 # ---------------------------------------------------------------------------- CLI
 
 def set_admin_password(username: str, password: str) -> tuple[User, bool]:
-    """Create the admin (or reset its password). Returns (user, created)."""
-    if not username or len(username) > 80 or not username.replace("_", "").replace("-", "").replace(".", "").isalnum():
+    """Create the admin (or reset its password, which ends its sessions). Returns (user, created)."""
+    username = clean_username(username)
+    if not ADMIN_USERNAME.fullmatch(username):
         raise click.ClickException("username must be 1-80 letters, digits, '.', '-' or '_'")
     if len(password) < MIN_PASSWORD:
         raise click.ClickException(f"password must be at least {MIN_PASSWORD} characters")
-    user = db.session.scalars(db.select(User).filter_by(username=username)).first()
+    user = find_user(username)
+    if user is not None and not user.is_admin:  # an end user's account never becomes an admin's
+        raise click.ClickException(f"{user.username!r} is an end user's account (names are compared ignoring case "
+                                   "and surrounding spaces); choose another name for the admin")
     created = user is None
     if created:
         user = User(username=username)
         db.session.add(user)
+    else:
+        end_all_sessions(user)
     user.is_admin = True
     user.password_hash = generate_password_hash(password)
     db.session.commit()

@@ -1,4 +1,6 @@
-"""End-user accounts: register, sign in, sign out (``/api/account/...``, JSON, CSRF like every write).
+"""End-user accounts: register, sign in, change the password, sign out (``/api/account/...``, JSON,
+CSRF like every write). Sessions themselves (revocation, the CSRF token at sign-in, usernames
+compared one way everywhere, timing): webapp/core/signin.py.
 
 Registering gives the caller's current anonymous identity a username and a password (hashed
 with werkzeug), so everything they did so far stays theirs; signing in on another browser then
@@ -13,16 +15,18 @@ from __future__ import annotations
 
 import re
 
-from flask import Blueprint, current_app, jsonify, request, session
-from flask_login import current_user, login_user, logout_user
+from flask import Blueprint, current_app, jsonify, request
+from flask_login import current_user
 from sqlalchemy.exc import IntegrityError
-from werkzeug.exceptions import BadRequest, Conflict, Unauthorized
-from werkzeug.security import check_password_hash, generate_password_hash
+from werkzeug.exceptions import BadRequest, Conflict, Forbidden, Unauthorized
+from werkzeug.security import generate_password_hash
 
 from webapp.core.extensions import db, limiter
 from webapp.core.identity import current_visitor
 from webapp.core.models import User
 from webapp.core.security import address_key
+from webapp.core.signin import (check_password, clean_username, end_all_sessions, find_user, keep_this_session,
+                                sign_in, sign_out, username_key)
 from webapp.core.validation import json_body
 
 bp = Blueprint("account_api", __name__, url_prefix="/api/account")
@@ -37,12 +41,16 @@ def _limit() -> str:
 
 
 def _username_key() -> str:
+    """The per-username limit's key: the body's username (sign-in, registration), else the
+    signed-in account's (password change); one normalisation with the lookups (signin.username_key)."""
     try:
         data = request.get_json(silent=True)
     except RecursionError:  # nested too deeply to parse: the view answers 400 for it
         data = None
     name = data.get("username") if isinstance(data, dict) else None
-    return "account-user:" + (name.strip().lower()[:64] if isinstance(name, str) else "")
+    if name is None and current_user.is_authenticated:
+        name = current_user.username
+    return "account-user:" + username_key(name)[:64]
 
 
 def account_limit(view):
@@ -60,43 +68,36 @@ def _username(data: dict) -> str:
         raise BadRequest("'username' is required.")
     if not isinstance(value, str):
         raise BadRequest("'username' must be a string.")
-    value = value.strip()
+    value = clean_username(value)
     if not _USERNAME.fullmatch(value):
         raise BadRequest(f"'username' must be {USERNAME_RULES}.")
     return value
 
 
-def _password(data: dict, checking: bool = False) -> str:
-    value = data.get("password")
+def _password(data: dict, checking: bool = False, key: str = "password") -> str:
+    value = data.get(key)
     if value is None or value == "":
-        raise BadRequest("'password' is required.")
+        raise BadRequest(f"'{key}' is required.")
     if not isinstance(value, str):
-        raise BadRequest("'password' must be a string.")
+        raise BadRequest(f"'{key}' must be a string.")
     if "\x00" in value:
-        raise BadRequest("'password' must not contain NUL characters.")
+        raise BadRequest(f"'{key}' must not contain NUL characters.")
     if len(value) > MAX_PASSWORD:
-        raise BadRequest(f"'password' is too long (the limit is {MAX_PASSWORD} characters).")
+        raise BadRequest(f"'{key}' is too long (the limit is {MAX_PASSWORD} characters).")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate ("\ud800" in the JSON) cannot be hashed
-        raise BadRequest("'password' must be valid Unicode text (it contains an unpaired surrogate).") from None
+        raise BadRequest(f"'{key}' must be valid Unicode text (it contains an unpaired surrogate).") from None
     if not checking and len(value) < MIN_PASSWORD:
-        raise BadRequest(f"'password' must be at least {MIN_PASSWORD} characters.")
+        raise BadRequest(f"'{key}' must be at least {MIN_PASSWORD} characters.")
     return value
 
 
-def _by_username(name: str) -> User | None:
-    return db.session.scalars(db.select(User).where(db.func.lower(User.username) == name.lower())).first()
-
-
-def _sign_in(user: User) -> None:
-    session.pop("anon_id", None)  # the account is reached by signing in from now on
-    login_user(user)
-    session.permanent = True
-
-
-def account_dict(user: User) -> dict:
-    return {"user_id": user.id, "username": user.username, "signed_in": True}
+def account_dict(user: User, csrf_token: str | None = None) -> dict:
+    body = {"user_id": user.id, "username": user.username, "signed_in": True}
+    if csrf_token is not None:
+        body["csrf_token"] = csrf_token  # signing in starts a new token; the old one no longer works
+    return body
 
 
 @bp.post("/register")
@@ -108,7 +109,7 @@ def register():
         raise Conflict(f"You are already signed in as {current_user.username}. Sign out to create another account.")
     name = _username(data)
     password = _password(data)
-    if _by_username(name) is not None:
+    if find_user(name) is not None:
         raise Conflict("That username is taken; choose another one.")
     user = current_visitor()  # a first-time visitor gets an identity first (the per-address limit applies)
     user.username = name
@@ -119,8 +120,7 @@ def register():
     except IntegrityError:  # someone took the name a moment ago
         db.session.rollback()
         raise Conflict("That username is taken; choose another one.") from None
-    _sign_in(user)
-    return jsonify(account_dict(user)), 201
+    return jsonify(account_dict(user, sign_in(user))), 201
 
 
 @bp.post("/login")
@@ -134,21 +134,37 @@ def login():
     if not isinstance(name, str):
         raise BadRequest("'username' must be a string.")
     password = _password(data, checking=True)
-    name = name.strip()
-    user = _by_username(name) if _USERNAME.fullmatch(name) else None  # no account has any other name
-    if user is None or user.is_admin or not user.password_hash or not check_password_hash(user.password_hash,
-                                                                                          password):
+    name = clean_username(name)
+    user = find_user(name) if _USERNAME.fullmatch(name) else None  # no account has any other name
+    if not check_password(user if user is not None and not user.is_admin else None, password):
         raise Unauthorized("Wrong username or password.")
-    _sign_in(user)
+    return jsonify(account_dict(user, sign_in(user)))
+
+
+@bp.post("/password")
+@account_limit
+def change_password():
+    """``{password, new_password}``: a signed-in end user's new password. Every other session of the
+    account ends; this one stays signed in."""
+    data = json_body({"password", "new_password"})
+    if not current_user.is_authenticated:
+        raise Unauthorized("Sign in to change your password.")
+    user = current_user._get_current_object()
+    if user.is_admin:
+        raise Forbidden("An admin's password is set with `flask --app webapp create-admin NAME`.")
+    current = _password(data, checking=True)
+    new = _password(data, key="new_password")
+    if not check_password(user, current):
+        raise Forbidden("'password' is not your current password.")
+    user.password_hash = generate_password_hash(new)
+    end_all_sessions(user)
+    db.session.commit()
+    keep_this_session(user)
     return jsonify(account_dict(user))
 
 
 @bp.post("/logout")
 def logout():
-    """Sign out (the browser starts over as a new anonymous visitor). A caller who is not signed
-    in keeps their anonymous identity: nothing happens."""
-    if not current_user.is_authenticated:
-        return jsonify(signed_out=False)
-    logout_user()
-    session.clear()
-    return jsonify(signed_out=True)
+    """Sign out: the account's sessions end in every browser, and this one starts over as a new
+    anonymous visitor. A caller who is not signed in keeps their anonymous identity: nothing happens."""
+    return jsonify(signed_out=sign_out())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from datetime import datetime
 
 from flask import Flask, current_app, has_request_context, request, session
 from flask.sessions import SecureCookieSessionInterface, SessionMixin
@@ -20,6 +21,7 @@ from flask_login import current_user
 from webapp.core.extensions import db, login_manager
 from webapp.core.models import IdentityOrigin, User
 from webapp.core.security import check_new_identity_limit
+from webapp.core.signin import admin_session_end, load_user
 
 
 class RefreshOnPageLoadSessionInterface(SecureCookieSessionInterface):
@@ -27,7 +29,13 @@ class RefreshOnPageLoadSessionInterface(SecureCookieSessionInterface):
     renewed on reads (GET/HEAD: page loads, ``/api/session``) rather than on every response.
     Re-signing an unchanged cookie on every rating or message was the largest single cost of
     a feedback request (~0.25 ms of ~1 ms); a visitor who comes back within the lifetime loads
-    a page and gets a fresh expiry all the same. A changed session is always saved."""
+    a page and gets a fresh expiry all the same. A changed session is always saved. An admin's
+    cookie expires when the session would end anyway (idle or too old: webapp/core/signin.py)."""
+
+    def get_expiration_time(self, app: Flask, session: SessionMixin) -> datetime | None:
+        expires = super().get_expiration_time(app, session)
+        end = admin_session_end(app, session)
+        return min(expires, end) if expires is not None and end is not None else expires
 
     def should_set_cookie(self, app: Flask, session: SessionMixin) -> bool:
         if session.modified:
@@ -38,14 +46,7 @@ class RefreshOnPageLoadSessionInterface(SecureCookieSessionInterface):
 
 def init_app(app: Flask) -> None:
     app.session_interface = RefreshOnPageLoadSessionInterface()
-
-    @login_manager.user_loader
-    def load_user(user_id: str) -> User | None:
-        if not user_id.isdigit():
-            return None
-        user = db.session.get(User, int(user_id))
-        # admins, and end users who registered an account (a password); never a bare anonymous row
-        return user if user is not None and (user.is_admin or user.password_hash) else None
+    login_manager.user_loader(load_user)  # checks the session's generation (and an admin's lifetime)
 
 
 _BY_ANON_ID = db.select(User).where(User.anon_id == db.bindparam("anon_id"))  # built once: runs on every request

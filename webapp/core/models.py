@@ -35,7 +35,9 @@ ARMS = ("control", "variant")
 
 
 class User(UserMixin, db.Model):
-    """An anonymous visitor (``anon_id`` from the signed cookie) or an admin (``username``)."""
+    """An anonymous visitor (``anon_id`` from the signed cookie), an end user with an account, or an
+    admin (``username`` and ``password_hash``). ``session_generation`` is written into a signed-in
+    session; bumping it ends every session of the user (webapp/core/signin.py)."""
 
     __tablename__ = "users"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -44,8 +46,13 @@ class User(UserMixin, db.Model):
     password_hash: Mapped[Optional[str]] = mapped_column(String(255))
     is_admin: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    session_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     conversations = relationship("Conversation", back_populates="user", passive_deletes=True)
+
+
+# A username is unique regardless of case (webapp.core.signin.username_key; names are ASCII).
+Index("uq_users_username_lower", db.func.lower(User.username), unique=True)
 
 
 class Conversation(db.Model):

@@ -1,8 +1,10 @@
-"""Response security headers and the rate limits of chat, feedback and login.
+"""Response security headers, the request size limit and the rate limits of chat, feedback and login.
 
 Every response carries a Content-Security-Policy without inline scripts or styles (the pages
 load their CSS/JS from /static and put all user text in with ``textContent`` or Jinja's
-autoescaping), ``nosniff``, ``DENY`` framing and a same-origin referrer.
+autoescaping), ``nosniff``, ``DENY`` framing and a same-origin referrer; with
+``RLHF_COOKIE_SECURE`` (served over HTTPS) also HSTS. A request body over ``RLHF_MAX_REQUEST_MB``
+(Flask's MAX_CONTENT_LENGTH) is refused with 413 before anything reads it.
 
 Rate limits (Flask-Limiter, configured in webapp/config.py) count per user (the signed
 session cookie, or the logged-in admin) and per client address, so one user cannot flood the
@@ -18,12 +20,12 @@ import math
 import time
 from typing import Callable
 
-from flask import Flask, current_app, make_response, session
+from flask import Flask, current_app, make_response, request, session
 from flask_limiter import RateLimitExceeded
 from flask_limiter.util import get_remote_address
 from flask_login import current_user
 from limits import RateLimitItemPerHour
-from werkzeug.exceptions import TooManyRequests
+from werkzeug.exceptions import RequestEntityTooLarge, TooManyRequests
 
 from webapp.core.errors import error_response
 from webapp.core.extensions import limiter
@@ -37,6 +39,7 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "same-origin",
 }
+HSTS = "max-age=31536000"  # a year; only with RLHF_COOKIE_SECURE (the app is served over HTTPS)
 
 
 def user_key() -> str:
@@ -114,12 +117,40 @@ def _retry_after_seconds() -> int | None:
     return max(1, int(current.reset_at - time.time()))  # Flask-Limiter's own Retry-After rounding
 
 
+def _size(n: int) -> str:
+    if n >= 1024 * 1024:
+        return f"{n / (1024 * 1024):.4g} MiB"
+    return f"{n / 1024:.4g} KiB" if n >= 1024 else f"{n} bytes"
+
+
 def init_app(app: Flask) -> None:
     @app.after_request
     def security_headers(response):
         for name, value in SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)
+        if app.config.get("SESSION_COOKIE_SECURE"):
+            response.headers.setdefault("Strict-Transport-Security", HSTS)
         return response
+
+    def refuse_large_bodies():
+        limit = app.config.get("MAX_CONTENT_LENGTH")
+        if limit is not None and request.content_length is not None and request.content_length > limit:
+            raise RequestEntityTooLarge()
+
+    # first of all: before the CSRF check or a rate limit could read the body
+    app.before_request_funcs.setdefault(None, []).insert(0, refuse_large_bodies)
+
+    @app.errorhandler(413)
+    def too_large(exc: RequestEntityTooLarge):
+        # also raised by werkzeug while reading: a body without a Content-Length that grows past the
+        # limit, or a form field over MAX_FORM_MEMORY_SIZE
+        limit = app.config.get("MAX_CONTENT_LENGTH")
+        if limit is not None and (request.content_length or 0) > limit:
+            message = f"The request body is too large (the limit is {_size(limit)})."
+        else:
+            message = "The request body, or a form field in it, is too large."
+        body, code = error_response(413, message, "Content Too Large")
+        return make_response(body, code)
 
     @app.errorhandler(429)
     def too_many_requests(exc: TooManyRequests):

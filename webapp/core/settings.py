@@ -204,8 +204,9 @@ class Settings:
     compare_rate: float = setting(0.1, "share of questions answered side by side while an experiment runs",
                                   "Experiments", low=0.0, high=1.0)
     # rate limits
-    login_rate_limit: str = setting("10 per minute", "admin login attempts per address and per username",
-                                    "Rate limits", check=_rate_limit)
+    login_rate_limit: str = setting("10 per minute", "admin login attempts per address and per username (one name "
+                                    "however it is written: case, surrounding spaces)", "Rate limits",
+                                    check=_rate_limit)
     chat_rate_limit: str = setting("30 per minute", "questions per user: posting a message, regenerate and compare "
                                    "share it", "Rate limits", check=_rate_limit)
     chat_rate_limit_per_address: str = setting("600 per minute", "the same, per client address (high: many users "
@@ -219,18 +220,27 @@ class Settings:
     ratelimit_storage: str = setting("memory://", "rate-limit storage (e.g. `redis://...` with several workers)",
                                      "Rate limits", key="RATELIMIT_STORAGE_URI", secret=True)
     # cookies
-    cookie_secure: bool = setting(False, "mark the session cookie Secure: set it to `1` whenever the app is served "
-                                  "over HTTPS (the default run is plain http on localhost, where a Secure cookie would "
-                                  "never be sent back). The cookie is always HttpOnly and SameSite=Lax", "Cookies",
+    cookie_secure: bool = setting(False, "mark the session cookie Secure and send HSTS (`Strict-Transport-Security: "
+                                  "max-age=31536000`): set it to `1` whenever the app is served over HTTPS (the "
+                                  "default run is plain http on localhost, where a Secure cookie would never be sent "
+                                  "back). The cookie is always HttpOnly and SameSite=Lax", "Cookies",
                                   key="SESSION_COOKIE_SECURE")
+    # sessions, requests
+    admin_session_idle_hours: float = setting(12.0, "an admin's session ends after this many hours without a request "
+                                              "(sign in again)", "Sessions", above=0.0)
+    admin_session_max_hours: float = setting(168.0, "an admin's session ends this many hours after signing in, "
+                                             "however active (168: a week)", "Sessions", above=0.0)
+    max_request_mb: float = setting(1.0, "largest request body, in MiB; a larger one is refused with 413 before it is "
+                                    "read", "Requests", above=0.0, high=1024.0)
     # ---- feedback integrity (issue 16, web side): identities, accounts, the client address
     new_identities_per_hour: int = setting(30, "new anonymous identities (cookies) one client address may create "
                                            "per hour; beyond it the API answers 429 (sign in, or try later). "
                                            "Existing identities and signed-in users are never affected. A household "
                                            "or office behind one address stays far below it; `0`: no limit. Off "
                                            "with `RLHF_RATELIMIT_ENABLED=0`", "Feedback integrity", low=0)
-    account_rate_limit: str = setting("10 per minute", "end users' sign-in and registration attempts per address "
-                                      "and per username", "Feedback integrity", check=_rate_limit)
+    account_rate_limit: str = setting("10 per minute", "end users' sign-in, registration and password-change "
+                                      "attempts per address and per username (as for admins)", "Feedback integrity",
+                                      check=_rate_limit)
     trusted_proxies: int = setting(0, "reverse proxies in front of the app whose `X-Forwarded-For` and "
                                    "`X-Forwarded-Proto` are believed (werkzeug's ProxyFix). `0`: the client address "
                                    "is the connection's. Behind a proxy set it to the number of proxies, or every "
@@ -544,6 +554,7 @@ def build_config(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
                            "RLHF_SETTING_SOURCES": resolved.sources}
     cfg.update(resolved.passthrough)
     cfg.setdefault("MODEL_STORE", str(Path(cfg["INSTANCE_DIR"]) / "models"))
+    cfg.setdefault("MAX_CONTENT_LENGTH", int(resolved.settings.max_request_mb * 1024 * 1024))
     return cfg
 
 
