@@ -76,6 +76,11 @@ def test_models_and_migration_head_agree(tmp_path, database_url, request):
                                                                     "include_object": include})
             assert compare_metadata(context, db.metadata) == []
             assert context.get_current_revision() == head_revision()
+            # expression indexes are not compared by autogenerate: by name
+            names = connection.execute(text(
+                "SELECT name FROM sqlite_master WHERE type = 'index'" if connection.dialect.name == "sqlite"
+                else "SELECT indexname FROM pg_indexes")).scalars().all()
+            assert "uq_users_username_lower" in names
     finally:
         engine.dispose()
 
@@ -309,3 +314,25 @@ def test_wsgi_workers_never_upgrade_and_refuse_a_database_behind(tmp_path, micro
     conn = sqlite3.connect(path)
     assert "alembic_version" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     conn.close()
+
+
+def test_an_upgrade_that_cannot_go_on_stops_with_the_reason_and_changes_nothing(tmp_path, micro_model_dir):
+    """Names that differ only in case (the old create-admin could make them) cannot take the
+    case-insensitive unique index: the upgrade says which, before changing anything."""
+    from webapp.core.migrations import SchemaError
+
+    inst = tmp_path / "instance"
+    path = _legacy_database(inst, micro_model_dir)
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO users (username, password_hash, is_admin, created_at) "
+                 "VALUES ('Admin', 'x', 1, '2026-11-01 00:00:00')")
+    conn.commit()
+    conn.close()
+    with pytest.raises(SchemaError, match="differ only in case: admin"):
+        make_app(inst)
+    conn = sqlite3.connect(path)
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(users)")}
+    conn.close()
+    # all pending revisions run in one transaction: the database is still the create_all one
+    assert "alembic_version" not in tables and "api_keys" not in tables and "session_generation" not in columns

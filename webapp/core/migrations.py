@@ -24,6 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
+import click
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -45,8 +46,9 @@ log = logging.getLogger(__name__)
 migrate = Migrate()
 
 
-class SchemaError(RuntimeError):
-    """The database's schema is not the code's and will not be changed automatically."""
+class SchemaError(click.ClickException):
+    """The database's schema is not the code's and will not be changed automatically, or an
+    upgrade stopped; a ``flask`` command ends with this one line."""
 
 
 def init_migrations(app: Flask) -> None:
@@ -182,7 +184,11 @@ def prepare_schema(app: Flask) -> SchemaState:
         if state.status == "empty":
             create_current_schema()
         elif state.status == "behind" and app.config["RLHF_AUTO_UPGRADE"]:
-            before, after = upgrade()
+            try:
+                before, after = upgrade()
+            except Exception as exc:
+                raise SchemaError(f"upgrading the database schema from {state.revision or 'the create_all schema'} "
+                                  f"to {state.head} stopped: {exc}") from exc
             if before != after:
                 log.warning("Upgraded the database schema from %s to %s", before or "the create_all schema", after)
         with db.engine.connect() as connection:

@@ -42,25 +42,49 @@ def run_migrations_online() -> None:
 
 
 def _run(connection, conf_args: dict) -> None:
-    sqlite = connection.dialect.name == "sqlite"
-    if sqlite:
-        # Batch mode copies a table and drops the old one: with foreign keys enforced, that drop
-        # would cascade to every row referencing it (feedback, scores...). Off for the migration
-        # (only outside a transaction), checked afterwards, on again.
-        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+    if connection.dialect.name == "sqlite":
+        _run_sqlite(connection, conf_args)
+        return
+    context.configure(connection=connection, target_metadata=target_db.metadata, render_as_batch=False, **conf_args)
+    with context.begin_transaction():  # PostgreSQL: one transaction, DDL included
+        context.run_migrations()
+    connection.commit()
+
+
+def _run_sqlite(connection, conf_args: dict) -> None:
+    """All pending revisions in ONE transaction, so a revision that stops leaves the database as it
+    was. SQLite's DDL is transactional, but Python's sqlite3 only opens transactions before DML
+    (a CREATE TABLE before the first INSERT commits at once): its implicit transactions are
+    switched off and this BEGINs and COMMITs itself. Foreign keys are off meanwhile (batch mode
+    copies a table and drops the old one; enforced, the drop would cascade to every row
+    referencing it), which SQLite only allows outside a transaction; they are checked before the
+    commit and on again after."""
+    raw = connection.connection.driver_connection
+    if raw.in_transaction:
+        raw.commit()  # nothing of ours: reads only
+    saved = raw.isolation_level
+    raw.isolation_level = None
     try:
-        context.configure(connection=connection, target_metadata=target_db.metadata, render_as_batch=sqlite,
-                          **conf_args)
-        with context.begin_transaction():
-            context.run_migrations()
-        connection.commit()  # the PRAGMA above began the connection's transaction: alembic leaves it open
-    finally:
-        if sqlite:
-            broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
-            connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+        raw.execute("PRAGMA foreign_keys=OFF")
+        if not connection.in_transaction():
+            connection.begin()  # so Alembic sees an outer transaction and leaves committing to us
+        raw.execute("BEGIN IMMEDIATE")
+        try:
+            context.configure(connection=connection, target_metadata=target_db.metadata, render_as_batch=True,
+                              **conf_args)
+            with context.begin_transaction():
+                context.run_migrations()
+            broken = raw.execute("PRAGMA foreign_key_check").fetchall()
             if broken:
-                raise RuntimeError(f"the migration left {len(broken)} rows whose foreign keys point nowhere, "
+                raise RuntimeError(f"the migration would leave {len(broken)} rows whose foreign keys point nowhere, "
                                    f"e.g. {broken[0]}")
+            connection.commit()
+        except BaseException:
+            connection.rollback()
+            raise
+    finally:
+        raw.execute("PRAGMA foreign_keys=ON")
+        raw.isolation_level = saved
 
 
 if context.is_offline_mode():
