@@ -18,7 +18,8 @@ from webapp.training.records import feedback_events
 
 EXPORT = Path(__file__).parent / "fixtures" / "open_webui_export.json"
 
-Q1, A1 = "How do I keep basil alive on a windowsill?", "Water it when the top of the soil is dry and give it six hours of sun."
+Q1 = "How do I keep basil alive on a windowsill?"
+A1 = "Water it when the top of the soil is dry and give it six hours of sun."
 Q2, A2 = "What is a good warm-up before a run?", "Walk briskly for five minutes, then do leg swings and easy strides."
 Q3, A3 = "How can I fall asleep faster?", "Keep the same bedtime every night and put the phone away an hour before."
 Q4 = "How do I start saving money?"

@@ -297,7 +297,8 @@ def export_feedback_command(fmt: str, output: str, redact: bool) -> None:
 @click.option("--format", "fmt", type=click.Choice(["open-webui"]), required=True,
               help="open-webui: the file Open WebUI's admin export writes (Admin > Evaluations > Export, "
                    "GET /api/v1/evaluations/feedbacks/all/export).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON summary object (counts and every record's outcome).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON summary object (counts and every record's outcome).")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 def import_feedback_command(fmt: str, file: str, as_json: bool) -> None:
     """Store another front end's ratings of this app's /v1 answers as feedback. Each record is

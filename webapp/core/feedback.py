@@ -19,6 +19,7 @@ def feedback_dict(fb: Feedback | None) -> dict[str, Any] | None:
     return {"thumb": fb.thumb, "rating": fb.rating, "correction": fb.correction, "comment": fb.comment,
             "reasons": fb.reasons or [], "updated_at": iso(fb.updated_at)}
 
+
 _FEEDBACK_ROW = db.select(Feedback).where(Feedback.user_id == db.bindparam("user_id"),
                                           Feedback.message_id == db.bindparam("message_id"))
 

@@ -431,7 +431,7 @@ def import_ratings(records: list, source: str = "", actor: str = "cli") -> dict[
     for answer_id, (r, answer) in sorted(matched.items(), key=lambda kv: kv[1][0].index):
         owner = owners[answer.conversation_id]
         siblings = [matcher.sibling(s, r.question.content, answer) for s in r.siblings] \
-            if r.sibling_models and r.question and r.question.content is not None else []
+            if r.sibling_models and r.question and r.question.content is not None and answer.parent_id else []
         kept = sorted({s.id for s in siblings if s is not None})
         state = _store_rating(owner, answer_id, r)
         feedback_counts[state] += 1
@@ -470,7 +470,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
              f"  side-by-side votes from sibling ratings: {votes['created']} created, {votes['updated']} updated, "
              f"{votes['unchanged']} unchanged, {votes['kept']} kept"]
     if summary["unmatched_by_reason"]:
-        lines.append("  unmatched: " + ", ".join(f"{reason} {n}" for reason, n in summary["unmatched_by_reason"].items()))
+        lines.append("  unmatched: " + ", ".join(f"{reason} {n}"
+                                                 for reason, n in summary["unmatched_by_reason"].items()))
     for res in summary["results"]:
         if res.get("status") == "unmatched":
             name = f" (id {clip(str(res['id']))})" if res.get("id") else ""
