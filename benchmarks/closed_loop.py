@@ -19,6 +19,12 @@ than the control (p < 0.05), or after 2 cycles.
     .venv/bin/python benchmarks/closed_loop.py [--preference polite concise detailed on_topic] [--markdown FILE]
     .venv/bin/python benchmarks/closed_loop.py --safety   # a preference in conflict with safety, constrained or not
     .venv/bin/python benchmarks/closed_loop.py --zoo      # the eight preferences of rlhf.preferences.ZOO
+    .venv/bin/python benchmarks/closed_loop.py --via openai   # every simulated user a client of /v1 instead
+
+``--via openai``: the simulated users (raters, probes, evaluation users) use only the OpenAI-compatible
+API, with a key made in the run's instance by ``flask --app webapp create-api-key``: chat completions
+naming the user (``user``) and ``/v1/feedback`` by completion id (rlhf.simulated_users.ApiUser; no
+compare votes, the API has none). Their answers are looked up in the database by completion id.
 
 With ``--zoo`` each preference also gets the reward model's AUC on the experiment's answers (the
 scores the monitor stored for its mean-reward metric against the users' ground truth: held-out
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -41,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rlhf.preferences import ZOO, rude  # noqa: E402
-from rlhf.simulated_users import Behaviour, SimulatedUser, prompt_set  # noqa: E402
+from rlhf.simulated_users import ApiUser, Behaviour, Interaction, SimulatedUser, first_model, prompt_set  # noqa: E402
 from tests.conftest import cached_model, make_app, register_model  # noqa: E402
 from tests.live_server import LiveServer  # noqa: E402
 from webapp.experiments import stats as ab_stats  # noqa: E402
@@ -63,12 +70,37 @@ def server_env() -> dict[str, str]:
             "RLHF_RATELIMIT_ENABLED": "0"}
 
 
+def create_api_key(instance: Path, name: str = "closed-loop") -> str:
+    """A /v1 key in the run's instance, made as an operator makes one (the command prints only the key)."""
+    done = subprocess.run([sys.executable, "-m", "flask", "--app", "webapp", "create-api-key", name, "--client", name],
+                          cwd=ROOT, env={**os.environ, "RLHF_INSTANCE_DIR": str(instance)}, capture_output=True,
+                          text=True)
+    if done.returncode != 0 or not done.stdout.strip().startswith("rlhf-"):
+        raise RuntimeError(f"create-api-key failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout.strip()
+
+
+class Users:
+    """The run's simulated users: visitors of the chat page (``via="chat"``) or clients of the /v1
+    API (``via="openai"``, with a key of the run's instance)."""
+
+    def __init__(self, url: str, preference: str, via: str = "chat", api_key: str | None = None) -> None:
+        self.url, self.preference, self.via, self.api_key = url, preference, via, api_key
+        self.model = first_model(url, api_key) if via == "openai" else None
+
+    def new(self, seed: int, behaviour: Behaviour | None = None, rate: bool = True):
+        kw = {"behaviour": behaviour} if behaviour is not None else {}
+        if self.via == "openai":
+            return ApiUser(self.url, self.api_key, self.preference, seed=seed, rate=rate, model=self.model, **kw)
+        return SimulatedUser(self.url, self.preference, seed=seed, rate=rate, **kw)
+
+
 class Probe(threading.Thread):
     """Chat-only users asking a question every ``think_s`` seconds; records (time, latency)."""
 
-    def __init__(self, url: str, preference: str, seed: int, think_s: float = 1.0) -> None:
+    def __init__(self, users: Users, seed: int, think_s: float = 1.0) -> None:
         super().__init__(daemon=True)
-        self.url, self.preference, self.seed, self.think_s = url, preference, seed, think_s
+        self.users, self.seed, self.think_s = users, seed, think_s
         self.samples: list[tuple[float, float]] = []
         self.stop = threading.Event()
 
@@ -76,7 +108,7 @@ class Probe(threading.Thread):
         prompts = prompt_set(60, seed=self.seed)
         i = 0
         while not self.stop.is_set():
-            user = SimulatedUser(self.url, self.preference, seed=self.seed * 1000 + i, rate=False)
+            user = self.users.new(self.seed * 1000 + i, rate=False)
             for inter in user.ask(prompts[i % len(prompts)]):
                 self.samples.append((time.time(), inter.latency_s))
             i += 1
@@ -102,6 +134,19 @@ def db_state(instance: Path):
                 for e in db.session.scalars(db.select(Experiment).order_by(Experiment.id))]
         db.session.remove()
     return runs, exps
+
+
+def stored_ids(instance: Path, interactions: list[Interaction]) -> list[int | None]:
+    """Each answer's stored message id: given by the chat API, found by completion id for /v1 answers."""
+    wanted = [i.completion_id for i in interactions if i.message_id is None and i.completion_id]
+    found: dict[str, int] = {}
+    if wanted:
+        app = _APPS.setdefault(instance, make_app(instance))
+        with app.app_context():
+            found = dict(db.session.execute(db.select(Message.completion_id, Message.id)
+                                            .where(Message.completion_id.in_(wanted))).all())
+            db.session.remove()
+    return [i.message_id if i.message_id is not None else found.get(i.completion_id) for i in interactions]
 
 
 def answered_by(instance: Path, message_ids: list[int]) -> dict[int, str]:
@@ -151,13 +196,15 @@ def wait_for(predicate, timeout: float, every: float = 1.0):
 
 
 def run_preference(preference: str, model_dir: Path, behaviour: Behaviour | None = None,
-                   extra_env: dict[str, str] | None = None, label: str | None = None) -> dict:
+                   extra_env: dict[str, str] | None = None, label: str | None = None, via: str = "chat") -> dict:
     """One preference through the loop; ``behaviour``: how the rating users act (chips, flags),
-    ``extra_env``: settings of the server on top of ``server_env()``; ``label``: the row's name."""
+    ``extra_env``: settings of the server on top of ``server_env()``; ``label``: the row's name;
+    ``via``: the users' way in, the chat page's API or the OpenAI-compatible ``/v1`` (``openai``)."""
     t_start = time.perf_counter()
     behaviour = behaviour or Behaviour()
     instance = Path(tempfile.mkdtemp(prefix=f"loop-{preference}-")) / "instance"
     register_model(make_app(instance), model_dir)
+    api_key = create_api_key(instance) if via == "openai" else None
     server = LiveServer(instance, env={**server_env(), **(extra_env or {})})
     prompts = prompt_set(120, seed=3)
     held_out = prompt_set(200, seed=99)
@@ -165,13 +212,14 @@ def run_preference(preference: str, model_dir: Path, behaviour: Behaviour | None
     train_latency: list[float] = []
     idle_latency: list[float] = []
     try:
+        users = Users(server.url, preference, via, api_key)
         for cycle, budget in enumerate(FEEDBACK_BUDGET, start=1):
             rnd: dict = {"cycle": cycle}
             n_runs = len(db_state(instance)[0])
             # 1. feedback phase
             t0 = time.perf_counter()
             while events < budget:
-                user = SimulatedUser(server.url, preference, seed=seed, behaviour=behaviour)
+                user = users.new(seed, behaviour)
                 seed += 1
                 for _ in range(3):
                     if events >= budget:
@@ -184,7 +232,7 @@ def run_preference(preference: str, model_dir: Path, behaviour: Behaviour | None
 
             # 2. training by the scheduler, with probes measuring latency meanwhile
             t0 = time.perf_counter()
-            probe = Probe(server.url, preference, seed=1000 + cycle)
+            probe = Probe(users, seed=1000 + cycle)
             probe.start()
             started = wait_for(lambda: len(db_state(instance)[0]) > n_runs, 120)
             done = wait_for(lambda: (r := db_state(instance)[0][-1]) and r[1] in ("succeeded", "failed") and r, 900)
@@ -218,14 +266,15 @@ def run_preference(preference: str, model_dir: Path, behaviour: Behaviour | None
             rude_by_arm: dict[str, list[bool]] = {"control": [], "variant": []}
             i, deadline = 0, time.time() + 600
             while min(map(len, judged.values())) < EVAL_PER_ARM and time.time() < deadline and i < 6 * EVAL_PER_ARM:
-                user = SimulatedUser(server.url, preference, seed=50_000 + cycle * 10_000 + i, rate=False)
+                user = users.new(50_000 + cycle * 10_000 + i, rate=False)
                 interactions = user.ask(held_out[i % len(held_out)])
-                versions = answered_by(instance, [inter.message_id for inter in interactions])
-                for inter in interactions:
-                    arm = {control_name: "control", variant_name: "variant"}.get(versions.get(inter.message_id))
+                ids = stored_ids(instance, interactions)
+                versions = answered_by(instance, [mid for mid in ids if mid is not None])
+                for inter, mid in zip(interactions, ids):
+                    arm = {control_name: "control", variant_name: "variant"}.get(versions.get(mid))
                     if arm:
                         judged[arm].append(inter.satisfaction >= 0.5)
-                        judged_ids[inter.message_id] = inter.satisfaction >= 0.5
+                        judged_ids[mid] = inter.satisfaction >= 0.5
                         rude_by_arm[arm].append(rude(inter.question, inter.answer))
                     idle_latency.append(inter.latency_s)
                 i += 1
@@ -252,7 +301,7 @@ def run_preference(preference: str, model_dir: Path, behaviour: Behaviour | None
     last = next((r for r in reversed(rounds) if "p_value" in r), None)
     won = next((r for r in rounds if r.get("p_value") is not None and r["p_value"] < 0.05
                 and r["variant"]["share"] > r["control"]["share"]), None)
-    return {"preference": label or preference, "rounds": rounds, "feedback_events": events,
+    return {"preference": label or preference, "via": via, "rounds": rounds, "feedback_events": events,
             "events_to_win": won["feedback_events_total"] if won else None, "cycles_to_win": won["cycle"] if won else None,
             "success": bool(last and last["p_value"] < 0.05 and last["variant"]["share"] > last["control"]["share"]),
             "cycles": len(rounds), "wall_s": round(time.perf_counter() - t_start, 1),
@@ -334,6 +383,9 @@ def main() -> None:
     ap.add_argument("--safety", action="store_true", help="the safety-constraint pair of runs instead (see SAFETY_RUNS)")
     ap.add_argument("--zoo", action="store_true", help="the zoo's preferences (rlhf.preferences.ZOO; --preference "
                     "picks some of them) and the zoo's table")
+    ap.add_argument("--via", choices=("chat", "openai"), default="chat",
+                    help="the simulated users' way in: the chat page's API (default) or only the OpenAI-compatible "
+                         "/v1 API (chat completions with `user`, /v1/feedback), with a key made in the run's instance")
     ap.add_argument("--markdown", type=Path, help="also write the table to this file")
     ap.add_argument("--json", type=Path, help="also write the raw results to this file")
     args = ap.parse_args()
@@ -345,7 +397,7 @@ def main() -> None:
         [(pref, pref, None, None) for pref in args.preference]
     load0 = os.getloadavg()
     for label, pref, behaviour, env in runs:
-        res = run_preference(pref, model_dir, behaviour, env, label)
+        res = run_preference(pref, model_dir, behaviour, env, label, via=args.via)
         results.append(res)
         print(json.dumps(res, default=str), flush=True)
         if args.json:  # after each preference: a long run stopped early keeps what it measured

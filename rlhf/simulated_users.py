@@ -8,7 +8,9 @@ tests and by ``benchmarks/closed_loop.py``.
 
 Like real users they are never told which model version or A/B arm answered them (the chat API
 keeps arms blind); an evaluation that needs to know looks each answer's ``message_id`` up in the
-database.
+database. :class:`ApiUser` is the same user as a client of the OpenAI-compatible ``/v1`` API
+(completions naming it with ``user``, feedback by completion id); its answers are looked up by
+``completion_id``.
 
 A ``contrary`` user rates against its preference (an attacker pushing the opposite, or a troll).
 :func:`simulate_records` runs the same behaviour without a server: answers are sampled from the
@@ -118,10 +120,11 @@ class Interaction:
 
     question: str
     answer: str
-    message_id: int  # the stored answer (its version and arm are in the database, not in the API)
+    message_id: int | None  # the stored answer (its version and arm are in the database, not in the API)
     satisfaction: float
     latency_s: float
     events: int = 0  # feedback events this answer produced
+    completion_id: str | None = None  # /v1 answers: the completion's id (the stored message is found by it)
 
 
 @dataclass
@@ -208,6 +211,78 @@ class SimulatedUser:
                                       took, self._rate(again["id"], question, sat2, again["content"])))
         self.history += result
         return result
+
+
+@dataclass
+class ApiUser:
+    """A simulated user behind an OpenAI-compatible client: the behaviour of :class:`SimulatedUser`
+    through ``/v1`` only. Each question is a chat completion naming the user (``user``), its feedback
+    (thumb, stars, correction, chips, flag) goes to ``/v1/feedback`` by completion id, and an
+    unsatisfying answer is sometimes asked for again (a second completion of the same question).
+    The API has no side-by-side compare, so this user never votes."""
+
+    base_url: str
+    api_key: str
+    preference: str = "polite"
+    seed: int = 0
+    behaviour: Behaviour = field(default_factory=Behaviour)
+    rate: bool = True  # False: chat only (evaluation users)
+    model: str | None = None  # default: the first model GET /v1/models lists
+    name_prefix: str = "sim"
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.judge: PreferenceFn = preference(self.preference)
+        self.http = requests.Session()
+        self.http.headers["Authorization"] = f"Bearer {self.api_key}"
+        self.user = f"{self.name_prefix}-{self.seed}"  # the end user's id in the client (the API's `user`)
+        if self.model is None:
+            self.model = first_model(self.base_url, self.api_key)
+        self.history: list[Interaction] = []
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        resp = self.http.post(self.base_url + path, json=body, timeout=300)
+        resp.raise_for_status()
+        return resp.json()
+
+    def _complete(self, question: str) -> tuple[str, str, float]:
+        started = time.perf_counter()
+        data = self._post("/v1/chat/completions", {"model": self.model, "user": self.user, "stream": False,
+                                                   "messages": [{"role": "user", "content": question}]})
+        return data["id"], data["choices"][0]["message"]["content"] or "", time.perf_counter() - started
+
+    def _rate(self, completion_id: str, question: str, sat: float, answer: str) -> int:
+        if not self.rate:
+            return 0
+        flag = _flag(self.rng, self.behaviour, question, answer)
+        body = _feedback(self.rng, self.behaviour, sat, lambda: _ideal_answer(self.rng, self.judge, self.behaviour,
+                                                                              question),
+                         lambda liked: answer_chips(question, answer, liked))
+        if body is None and flag is None:
+            return 0
+        self._post("/v1/feedback", {"completion_id": completion_id, "user": self.user, **(body or {}),
+                                    **({"flag": {"category": flag}} if flag else {})})
+        return 1
+
+    def ask(self, question: str) -> list[Interaction]:
+        """Ask one question, react to the answer (and to a second one when it asks again)."""
+        result = []
+        for attempt in range(2):
+            completion_id, answer, took = self._complete(question)
+            sat = _judged(self.rng, self.judge, self.behaviour, question, answer)
+            result.append(Interaction(question, answer, None, self.judge(question, answer), took,
+                                      self._rate(completion_id, question, sat, answer), completion_id))
+            if attempt or not (self.rate and sat < 0.5 and self.rng.random() < self.behaviour.regenerate_prob):
+                break
+        self.history += result
+        return result
+
+
+def first_model(base_url: str, api_key: str) -> str:
+    """The first model an OpenAI-compatible server lists (``GET /v1/models``)."""
+    resp = requests.get(base_url + "/v1/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=60)
+    resp.raise_for_status()
+    return resp.json()["data"][0]["id"]
 
 
 def prompt_set(n: int = 120, seed: int = 11) -> list[str]:

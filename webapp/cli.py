@@ -21,8 +21,9 @@ def init_app(app: Flask) -> None:
     from webapp.core.database_copy import copy_database_command
 
     # commands that read or write the app's tables stop when the schema is not the code's
-    for command in (init_model_command, serve_command, rl_train_command, export_feedback_command, ab_report_command,
-                    scheduler_command, create_admin_command, copy_database_command):
+    for command in (init_model_command, serve_command, rl_train_command, export_feedback_command,
+                    import_feedback_command, ab_report_command, scheduler_command, create_admin_command,
+                    copy_database_command):
         app.cli.add_command(needs_current_schema(command))
     for command in (init_db_command, settings_command, backup_command, restore_command):
         app.cli.add_command(command)
@@ -290,6 +291,42 @@ def export_feedback_command(fmt: str, output: str, redact: bool) -> None:
             f.write(text)
         os.replace(tmp, output)  # never a half-written export
         click.echo(f"Wrote {len(rows)} {fmt} rows to {output}", err=True)
+
+
+@click.command("import-feedback")
+@click.option("--format", "fmt", type=click.Choice(["open-webui"]), required=True,
+              help="open-webui: the file Open WebUI's admin export writes (Admin > Evaluations > Export, "
+                   "GET /api/v1/evaluations/feedbacks/all/export).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON summary object (counts and every record's outcome).")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+def import_feedback_command(fmt: str, file: str, as_json: bool) -> None:
+    """Store another front end's ratings of this app's /v1 answers as feedback. Each record is
+    matched to the stored answer it rates (by the chat and message ids forwarded at completion
+    time, else by the exact answer text under the same question) and stored as the feedback of
+    the user who owns that answer; records that match nothing are reported with the reason, never
+    guessed. Importing the same file again changes nothing."""
+    import json
+
+    from webapp.training.openwebui import ExportError, import_ratings, load_export, summary_lines
+
+    try:
+        if file == "-":
+            raw = click.get_binary_stream("stdin").read()
+        else:
+            with open(file, "rb") as f:
+                raw = f.read()
+        records = load_export(raw)
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {file}: {exc.strerror or exc}") from None
+    except ExportError as exc:
+        raise click.ClickException(f"{file} is {exc}") from None
+    summary = import_ratings(records, source=file, actor="cli")
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, default=str))
+        return
+    for line in summary_lines(summary):
+        click.echo(line)
 
 
 @click.command("ab-report")

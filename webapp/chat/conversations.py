@@ -17,16 +17,10 @@ from werkzeug.exceptions import BadRequest, NotFound
 from rlhf.criteria import FLAG_CATEGORIES
 
 from webapp.core.extensions import db
+from webapp.core.feedback import feedback_dict
 from webapp.core.identity import is_admin
 from webapp.core.models import Comparison, Conversation, Feedback, Flag, Message, User, iso
 from webapp.core.validation import optional_id
-
-
-def feedback_dict(fb: Feedback | None) -> dict[str, Any] | None:
-    if fb is None:
-        return None
-    return {"thumb": fb.thumb, "rating": fb.rating, "correction": fb.correction, "comment": fb.comment,
-            "reasons": fb.reasons or [], "updated_at": iso(fb.updated_at)}
 
 
 FLAG_LABELS: dict[str, str] = dict(FLAG_CATEGORIES)

@@ -264,6 +264,19 @@ class Settings:
                                          "the rules only)", "Safety", above=0.0, high=1.0)
     rail_regenerate_attempts: int = setting(2, "with `RLHF_RAIL_ACTION=regenerate`: new answers sampled before "
                                             "refusing", "Safety", low=1, high=5)
+    # Open WebUI: its users' ratings pulled into the loop (docs/integrations/open-webui.md)
+    openwebui_url: str | None = setting(None, "base URL of an Open WebUI whose users chat with this app over `/v1` "
+                                        "(e.g. `http://openwebui:8080`): the scheduler pulls its feedback export "
+                                        "(`/api/v1/evaluations/feedbacks/all/export`) every "
+                                        "`RLHF_OPENWEBUI_PULL_INTERVAL_SECONDS` and imports the ratings as "
+                                        "`flask --app webapp import-feedback --format open-webui` does. None: no pull",
+                                        "Open WebUI", check=_http_url)
+    openwebui_api_key: str | None = setting(None, "with `RLHF_OPENWEBUI_URL`: an Open WebUI admin's API key (the "
+                                            "export is admin-only), sent as `Authorization: Bearer`", "Open WebUI",
+                                            secret=True)
+    openwebui_pull_interval_seconds: float = setting(900.0, "with `RLHF_OPENWEBUI_URL`: how often the scheduler "
+                                                     "pulls the export (a pull that finds nothing new writes "
+                                                     "nothing)", "Open WebUI", above=0.0)
     # training: the rlhf dataclasses themselves (device comes from the app's device above)
     training: CycleSettings = field(default_factory=CycleSettings)
 
@@ -568,7 +581,7 @@ def current_settings() -> Settings:
 def _mask(spec: Spec, value: Any) -> Any:
     if not spec.meta.get("secret") or value is None:
         return value
-    if spec.name in ("secret_key", "inference_api_key"):
+    if spec.name in ("secret_key", "inference_api_key", "openwebui_api_key"):
         return "********"
     from sqlalchemy.engine import make_url  # URLs: only their password is secret
 

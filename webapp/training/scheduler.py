@@ -10,7 +10,9 @@
 * housekeeping       -- every RLHF_HOUSEKEEPING_INTERVAL_SECONDS: mark runs of dead processes
                         failed, delete temporary model directories, prune old retired versions;
 * watchdog           -- every RLHF_WATCHDOG_INTERVAL_SECONDS: stop runs that stopped making
-                        progress or ran past their time limit (webapp.training.watchdog.enforce_run_limits).
+                        progress or ran past their time limit (webapp.training.watchdog.enforce_run_limits);
+* openwebui_pull     -- with RLHF_OPENWEBUI_URL, every RLHF_OPENWEBUI_PULL_INTERVAL_SECONDS: import the
+                        ratings of Open WebUI's feedback export (webapp.training.openwebui_pull).
 
 Jobs live in the database (APScheduler's SQLAlchemyJobStore, table ``apscheduler_jobs``), so
 the schedule survives restarts. ``serve`` runs the scheduler in its process by default
@@ -226,8 +228,16 @@ def backup_tick() -> dict[str, Any]:
     return scheduled_backup()
 
 
+def openwebui_pull_tick() -> dict[str, Any]:
+    """Open WebUI's ratings pulled and imported (RLHF_OPENWEBUI_URL; like the backup job, it stays
+    in the job store when the setting is removed, and then does nothing)."""
+    from webapp.training.openwebui_pull import pull_tick
+
+    return pull_tick()
+
+
 TICKS = {"retrain": retrain_tick, "experiment_monitor": monitor_tick, "housekeeping": housekeeping_tick,
-         "watchdog": watchdog_tick, "backup": backup_tick}
+         "watchdog": watchdog_tick, "backup": backup_tick, "openwebui_pull": openwebui_pull_tick}
 
 
 def run_job(name: str) -> None:
@@ -279,6 +289,11 @@ def build_scheduler(app: Flask, blocking: bool = False):
     if backup_hours > 0:  # optional: the first backup one interval after start
         scheduler.add_job("webapp.training.scheduler:run_job", "interval", seconds=backup_hours * 3600,
                           args=["backup"], id="backup", name="backup", replace_existing=True)
+    if cfg.get("RLHF_OPENWEBUI_URL"):  # optional: the first pull soon after start, like the other jobs
+        seconds = float(cfg["RLHF_OPENWEBUI_PULL_INTERVAL_SECONDS"])
+        scheduler.add_job("webapp.training.scheduler:run_job", "interval", seconds=seconds, args=["openwebui_pull"],
+                          id="openwebui_pull", name="openwebui pull", replace_existing=True,
+                          next_run_time=min(soon, datetime.now(timezone.utc) + timedelta(seconds=seconds)))
     return scheduler
 
 

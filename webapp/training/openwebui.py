@@ -1,0 +1,479 @@
+"""Open WebUI's ratings as this app's feedback.
+
+Open WebUI's admin export (``GET /api/v1/evaluations/feedbacks/all/export``) is a JSON list of
+feedback records: ``{id, user_id, type: "rating", data: {rating: 1|-1, details: {rating: 1-10},
+reason, comment, model_id, sibling_model_ids}, meta: {chat_id, message_id, arena}, snapshot: {chat},
+created_at, updated_at}``, where ``snapshot.chat`` is the whole chat as Open WebUI stored it
+(``chat.history.messages``: id -> ``{id, parentId, childrenIds, role, content, model}``).
+
+Each record is matched to the stored answer it rates -- never guessed:
+
+1. by ids: the answer whose ``external_message_id`` is ``meta.message_id`` (the
+   ``X-OpenWebUI-Message-Id`` header at completion time), in the conversations whose
+   ``external_chat_id`` is ``meta.chat_id`` (``X-OpenWebUI-Chat-Id``) when that chat is stored;
+2. else by text: the rated answer's text and its question's text from the snapshot (surrounding
+   whitespace aside), among the answers given over the /v1 API -- in that chat's conversations when
+   the chat is stored, otherwise in all of them, narrowed to the record's Open WebUI user (as the
+   /v1 API names them) when several match. Anything but exactly one candidate is reported.
+
+A matched rating is stored through the chat page's upsert (webapp.chat.feedback.save_feedback) as
+the user who owns the answer's conversation: ``data.rating`` 1/-1 -> thumb up/down, ``details.rating``
+1-10 -> stars ``ceil(r / 2)``, ``reason`` -> a reason chip where one means the same
+(:data:`REASON_CHIPS`), else "Reason: ..." appended to ``comment``. A record whose rated answer and a
+sibling (another answer to the same question in the snapshot, ``data.sibling_model_ids``) are both
+matched also becomes a side-by-side vote (a Comparison).
+
+Idempotent: a rating whose values the stored row already has is not written (its ``updated_at``
+stays, so the scheduler's retrain threshold does not count it again), nor one older than the
+stored row (the app's own feedback, or an earlier import, is newer); of several records for one
+answer only the newest counts. Comparisons follow the same rules.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from werkzeug.exceptions import BadRequest
+
+from webapp.core.feedback import save_feedback
+from webapp.core.audit import audit
+from webapp.core.extensions import db
+from webapp.core.models import ApiKey, Comparison, Conversation, Feedback, Message, User, utcnow
+from webapp.core.validation import MAX_COMMENT_CHARS, clip, feedback_changes
+
+EXPORT_PATH = "/api/v1/evaluations/feedbacks/all/export"
+
+# Open WebUI's reason keys (older versions stored the English label, normalized to the same key)
+# -> this app's reason chips. Others are kept as text in the comment.
+REASON_CHIPS = {"accurate_information": "accurate", "positive_attitude": "polite", "too_verbose": "too long",
+                "not_helpful": "unhelpful", "not_factually_correct": "wrong"}
+REASON_LABELS = {"accurate_information": "Accurate information",
+                 "followed_instructions_perfectly": "Followed instructions perfectly",
+                 "showcased_creativity": "Showcased creativity", "positive_attitude": "Positive attitude",
+                 "attention_to_detail": "Attention to detail", "thorough_explanation": "Thorough explanation",
+                 "dont_like_the_style": "Don't like the style", "too_verbose": "Too verbose",
+                 "not_helpful": "Not helpful", "not_factually_correct": "Not factually correct",
+                 "didnt_fully_follow_instructions": "Didn't fully follow instructions",
+                 "refused_when_it_shouldnt_have": "Refused when it shouldn't have", "being_lazy": "Being lazy",
+                 "other": "Other"}
+
+UNMATCHED_REASONS = ("no such chat", "message not found", "text ambiguous", "not a rating", "malformed")
+
+
+class ExportError(ValueError):
+    """The file or response as a whole is not an Open WebUI feedback export (one line)."""
+
+
+class _Unmatched(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+def load_export(raw: str | bytes) -> list:
+    """The export's records; ExportError when it is not JSON or not a list."""
+    try:
+        data = json.loads(raw)
+    except UnicodeDecodeError:
+        raise ExportError("not JSON: the bytes are not UTF-8 text") from None
+    except (ValueError, RecursionError) as exc:
+        raise ExportError(f"not JSON ({exc})" if isinstance(exc, ValueError) else "not JSON (nested too deeply)") \
+            from None
+    if not isinstance(data, list):
+        raise ExportError(f"not an Open WebUI feedback export: expected a JSON list of feedback records, "
+                          f"got a JSON {type(data).__name__}")
+    return data
+
+
+def api_user_anon_id(client: str, external_user_id: str) -> str:
+    """The app user the /v1 API makes of a front end's end user (``users.anon_id``)."""
+    return "api-" + hashlib.sha256(f"{client}\0{external_user_id}".encode()).hexdigest()[:56]
+
+
+# ---------------------------------------------------------------------------- parsing
+
+@dataclass
+class _Snap:
+    """A message of the record's chat snapshot."""
+
+    id: str
+    content: str | None
+
+
+@dataclass
+class _Rating:
+    index: int
+    id: str
+    at: datetime  # the record's updated_at (naive UTC)
+    user_id: str | None
+    chat_id: str | None
+    message_id: str
+    thumb: str
+    changes: dict[str, Any]
+    answer: _Snap | None = None
+    question: _Snap | None = None
+    siblings: list[_Snap] = field(default_factory=list)
+    sibling_models: list[str] = field(default_factory=list)
+
+
+def _epoch(value: Any) -> datetime | None:
+    """Open WebUI's epoch seconds (or ms/us/ns) as naive UTC."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    seconds = float(value)
+    while seconds > 1e11:  # milliseconds, microseconds, nanoseconds
+        seconds /= 1000
+    try:
+        return datetime.fromtimestamp(seconds, timezone.utc).replace(tzinfo=None)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _reason_key(reason: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", reason.lower().replace("'", "").replace("\u2019", "")).strip("_")
+
+
+def _text(value: Any, where: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise _Unmatched("malformed", f"{where} is not text")
+
+
+def _snapshot(raw: Any, message_id: str) -> tuple[_Snap | None, _Snap | None, list[_Snap]]:
+    """The rated answer, its question and the question's other answers, from ``snapshot.chat``
+    (Open WebUI's chat: ``chat.chat.history.messages``; a bare chat object also works)."""
+    if raw is None:
+        return None, None, []
+    if not isinstance(raw, dict):
+        raise _Unmatched("malformed", "snapshot is not an object")
+    chat = raw.get("chat")
+    chat = chat.get("chat") if isinstance(chat, dict) and isinstance(chat.get("chat"), dict) else chat
+    history = chat.get("history") if isinstance(chat, dict) else None
+    messages = history.get("messages") if isinstance(history, dict) else None
+    if not isinstance(messages, dict):
+        return None, None, []
+
+    def snap(mid: Any, role: str) -> _Snap | None:
+        m = messages.get(mid) if isinstance(mid, str) else None
+        if not isinstance(m, dict) or m.get("role") != role:
+            return None
+        return _Snap(mid, m["content"] if isinstance(m.get("content"), str) else None)
+
+    answer = snap(message_id, "assistant")
+    parent = messages.get(messages[message_id].get("parentId")) if answer else None
+    question = snap(parent.get("id"), "user") if isinstance(parent, dict) else None
+    kids = parent.get("childrenIds") if question and isinstance(parent.get("childrenIds"), list) else []
+    siblings = [s for s in (snap(k, "assistant") for k in kids if k != message_id) if s is not None]
+    return answer, question, siblings
+
+
+def parse_rating(index: int, raw: Any) -> _Rating:
+    """One export record as a rating to store; raises _Unmatched (malformed, not a rating)."""
+    if not isinstance(raw, dict):
+        raise _Unmatched("malformed", "not a JSON object")
+    fid = raw.get("id")
+    if not isinstance(fid, str) or not fid:
+        raise _Unmatched("malformed", "no feedback id")
+    kind = raw.get("type")
+    if kind != "rating":
+        if isinstance(kind, str):
+            raise _Unmatched("not a rating", f"type {clip(kind)!r}")
+        raise _Unmatched("malformed", "no type")
+    data, meta = raw.get("data"), raw.get("meta")
+    if not isinstance(data, dict):
+        raise _Unmatched("malformed", "data is not an object")
+    if not isinstance(meta, dict):
+        raise _Unmatched("malformed", "meta is not an object")
+    rating = data.get("rating")
+    if isinstance(rating, str) and rating.strip() in ("1", "-1"):
+        rating = int(rating)
+    if isinstance(rating, bool) or rating not in (1, -1):
+        raise _Unmatched("malformed", f"data.rating must be 1 or -1 (got {clip(json.dumps(rating))})")
+    message_id = meta.get("message_id")
+    if not isinstance(message_id, str) or not message_id:
+        raise _Unmatched("malformed", "meta.message_id is missing")
+    chat_id = _text(meta.get("chat_id"), "meta.chat_id") or None
+    at = _epoch(raw.get("updated_at", raw.get("created_at")))
+    if at is None:
+        raise _Unmatched("malformed", "updated_at is not a time")
+    user = raw.get("user")
+    user_id = raw.get("user_id") or (user.get("id") if isinstance(user, dict) else None)
+
+    body: dict[str, Any] = {"thumb": "up" if rating == 1 else "down"}
+    details = data.get("details")
+    stars = details.get("rating") if isinstance(details, dict) else None
+    if stars is not None:
+        if isinstance(stars, bool) or not isinstance(stars, int) or not 1 <= stars <= 10:
+            raise _Unmatched("malformed", f"data.details.rating must be 1-10 (got {clip(json.dumps(stars))})")
+        body["rating"] = (stars + 1) // 2  # 1-10 -> 1-5 stars: ceil(r / 2)
+    reason, comment = _text(data.get("reason"), "data.reason"), _text(data.get("comment"), "data.comment")
+    parts = [comment.strip()] if comment and comment.strip() else []
+    key = _reason_key(reason) if reason else ""
+    body["reasons"] = [REASON_CHIPS[key]] if key in REASON_CHIPS else []
+    if key and key not in REASON_CHIPS:
+        parts.append(f"Reason: {REASON_LABELS.get(key, reason.strip())}")
+    body["comment"] = clip("\n".join(parts), MAX_COMMENT_CHARS) if parts else None
+    try:
+        changes = feedback_changes(body)  # the chat API's own checks (NUL characters, lengths)
+    except BadRequest as exc:
+        raise _Unmatched("malformed", str(exc.description)) from None
+    answer, question, siblings = _snapshot(raw.get("snapshot"), message_id)
+    models = data.get("sibling_model_ids")
+    return _Rating(index, fid, at, user_id if isinstance(user_id, str) and user_id else None, chat_id, message_id,
+                   body["thumb"], changes, answer, question, siblings,
+                   [m for m in models if isinstance(m, str)] if isinstance(models, list) else [])
+
+
+# ---------------------------------------------------------------------------- matching
+
+class _Matcher:
+    """Stored answers for export records: by the forwarded ids, else by text (never guessed)."""
+
+    def __init__(self) -> None:
+        self._chats: dict[str, list[int]] = {}
+        self._clients: list[str] | None = None
+
+    def chat(self, chat_id: str | None) -> list[int]:
+        """Live conversations that hold the front end's chat ``chat_id``."""
+        if not chat_id:
+            return []
+        if chat_id not in self._chats:
+            self._chats[chat_id] = list(db.session.scalars(
+                db.select(Conversation.id).where(Conversation.external_chat_id == chat_id,
+                                                 Conversation.deleted_at.is_(None))))
+        return self._chats[chat_id]
+
+    def _answers(self, conversations: list[int] | None):
+        query = (db.select(Message).join(Conversation, Message.conversation_id == Conversation.id)
+                 .where(Message.role == "assistant", Conversation.deleted_at.is_(None)))
+        if conversations is not None:
+            return query.where(Message.conversation_id.in_(conversations))
+        return query.where(Message.completion_id.is_not(None))  # answers given over the /v1 API
+
+    def by_id(self, message_id: str, conversations: list[int] | None) -> list[Message]:
+        return list(db.session.scalars(self._answers(conversations).where(Message.external_message_id == message_id)))
+
+    def by_text(self, question: str, answer: str, conversations: list[int] | None) -> list[Message]:
+        asked = db.aliased(Message)
+        query = (self._answers(conversations).join(asked, Message.parent_id == asked.id)
+                 .where(asked.role == "user", Message.content.in_(sorted({answer, answer.strip()})),
+                        asked.content.in_(sorted({question, question.strip()}))))
+        return list(db.session.scalars(query.order_by(Message.id)))
+
+    def owned_by(self, candidates: list[Message], external_user_id: str | None) -> list[Message]:
+        """The candidates in conversations of the app user the /v1 API made of this Open WebUI user."""
+        if not external_user_id:
+            return []
+        if self._clients is None:
+            self._clients = sorted(set(db.session.scalars(db.select(ApiKey.client))))
+        anon_ids = [api_user_anon_id(client, external_user_id) for client in self._clients]
+        if not anon_ids:
+            return []
+        owners = set(db.session.scalars(db.select(Conversation.id).join(User, Conversation.user_id == User.id)
+                                        .where(User.anon_id.in_(anon_ids),
+                                               Conversation.id.in_(sorted({m.conversation_id for m in candidates})))))
+        return [m for m in candidates if m.conversation_id in owners]
+
+    def match(self, r: _Rating) -> tuple[Message, str]:
+        """The stored answer ``r`` rates and how it was found ("message id" or "text")."""
+        scope = self.chat(r.chat_id) or None
+        found = self.by_id(r.message_id, scope)
+        if len(found) == 1:
+            return found[0], "message id"
+        if len(found) > 1:
+            raise _Unmatched("text ambiguous", f"{len(found)} stored answers carry message id {clip(r.message_id)}")
+        no_chat = (f"chat {clip(r.chat_id)} is not stored" if r.chat_id else "the record names no chat")
+        if r.answer is None or r.answer.content is None or r.question is None or r.question.content is None:
+            if scope:
+                raise _Unmatched("message not found", f"no stored answer in chat {clip(r.chat_id)} has message id "
+                                 f"{clip(r.message_id)}, and the snapshot has no text to match it by")
+            raise _Unmatched("no such chat", f"{no_chat}, and the snapshot has no text to match the answer by")
+        found = self.by_text(r.question.content, r.answer.content, scope)
+        if len(found) > 1 and scope is None:
+            found = self.owned_by(found, r.user_id) or found
+        if len(found) == 1:
+            return found[0], "text"
+        if found:
+            where = f"in chat {clip(r.chat_id)}" if scope else "among the /v1 answers"
+            raise _Unmatched("text ambiguous", f"{len(found)} stored answers {where} have this text under this "
+                             "question")
+        if scope:
+            raise _Unmatched("message not found", f"chat {clip(r.chat_id)} is stored, but no answer in it has message "
+                             f"id {clip(r.message_id)} or this text under this question")
+        raise _Unmatched("no such chat", f"{no_chat}, and no /v1 answer has this text under this question")
+
+    def sibling(self, s: _Snap, question: str, rated: Message) -> Message | None:
+        """``s`` (another answer to the rated one's question) in the rated answer's conversation."""
+        scope = [rated.conversation_id]
+        found = self.by_id(s.id, scope)
+        if not found and s.content is not None:
+            found = self.by_text(question, s.content, scope)
+        found = [m for m in found if m.id != rated.id]
+        return found[0] if len(found) == 1 else None
+
+
+# ---------------------------------------------------------------------------- storing
+
+def _unchanged(row: Feedback, changes: dict[str, Any]) -> bool:
+    return all((getattr(row, k) or []) == (v or []) if k == "reasons" else getattr(row, k) == v
+               for k, v in changes.items())
+
+
+def _store_rating(owner: int, message_id: int, r: _Rating) -> str:
+    """created / updated / unchanged / kept (the stored row is newer than the rating)."""
+    row = db.session.scalars(db.select(Feedback).filter_by(user_id=owner, message_id=message_id)).first()
+    state = None if row is None else ("unchanged" if _unchanged(row, r.changes)
+                                      else "kept" if row.updated_at and row.updated_at >= r.at else None)
+    db.session.commit()  # end the read transaction: the upsert may write on another connection (SQLite)
+    if state:
+        return state
+    save_feedback(owner, message_id, r.changes)
+    return "created" if row is None else "updated"
+
+
+def _winner(thumbs: dict[int, tuple[str, datetime]], a: int, b: int) -> str:
+    """The vote two sibling answers' ratings make: one liked over one disliked (or over the unrated
+    other), two liked a tie, two disliked both bad."""
+    ta, tb = (thumbs[m][0] if m in thumbs else None for m in (a, b))
+    if ta and tb and ta == tb:
+        return "tie" if ta == "up" else "both_bad"
+    if ta:
+        return "a" if ta == "up" else "b"
+    return "b" if tb == "up" else "a"
+
+
+def _store_votes(pairs: dict[tuple[int, int, int], dict[int, tuple[str, datetime]]],
+                 prompts: dict[tuple[int, int, int], int]) -> dict[str, int]:
+    counts = {"created": 0, "updated": 0, "unchanged": 0, "kept": 0}
+    now = utcnow()
+    for (owner, a, b), thumbs in sorted(pairs.items()):
+        winner, at = _winner(thumbs, a, b), max(t for _, t in thumbs.values())
+        row = db.session.scalars(db.select(Comparison).where(
+            Comparison.user_id == owner,
+            db.or_(db.and_(Comparison.message_a_id == a, Comparison.message_b_id == b),
+                   db.and_(Comparison.message_a_id == b, Comparison.message_b_id == a)))
+            .order_by(Comparison.id)).first()
+        if row is None:
+            db.session.add(Comparison(user_id=owner, prompt_message_id=prompts[(owner, a, b)], message_a_id=a,
+                                      message_b_id=b, winner=winner, voted_at=now))
+            counts["created"] += 1
+            continue
+        if row.message_a_id != a:  # the stored pair's sides the other way round
+            winner = {"a": "b", "b": "a"}.get(winner, winner)
+        if row.winner == winner:
+            counts["unchanged"] += 1
+        elif row.voted_at is not None and row.voted_at >= at:
+            counts["kept"] += 1
+        else:
+            row.winner, row.voted_at = winner, now
+            counts["updated"] += 1
+    db.session.commit()
+    return counts
+
+
+def import_ratings(records: list, source: str = "", actor: str = "cli") -> dict[str, Any]:
+    """Match and store an export's records (see the module's docstring). Returns the summary:
+    counts and one result per record (``status`` matched / duplicate / unmatched, with ``reason``
+    and ``detail`` when unmatched)."""
+    results: list[dict[str, Any]] = [{"record": i + 1, "id": raw.get("id") if isinstance(raw, dict) else None}
+                                     for i, raw in enumerate(records)]
+
+    def unmatched(i: int, reason: str, detail: str) -> None:
+        results[i].update(status="unmatched", reason=reason, detail=detail)
+
+    # one record per Open WebUI feedback id: the newest
+    newest: dict[str, int] = {}
+    for i, raw in enumerate(records):
+        fid = raw.get("id") if isinstance(raw, dict) else None
+        if not isinstance(fid, str) or not fid:
+            continue
+        if fid in newest:
+            old = newest[fid]
+            keep, drop = (i, old) if (_epoch(raw.get("updated_at")) or datetime.min) > \
+                (_epoch(records[old].get("updated_at")) or datetime.min) else (old, i)
+            newest[fid] = keep
+            results[drop].update(status="duplicate", detail=f"record {keep + 1} has the same feedback id")
+            results[keep].pop("status", None)
+            results[keep].pop("detail", None)
+        else:
+            newest[fid] = i
+    matcher = _Matcher()
+    matched: dict[int, tuple[_Rating, Message]] = {}  # stored answer id -> its newest rating
+    for i, raw in enumerate(records):
+        if results[i].get("status") == "duplicate":
+            continue
+        try:
+            r = parse_rating(i, raw)
+            answer, how = matcher.match(r)
+        except _Unmatched as exc:
+            unmatched(i, exc.reason, exc.detail)
+            continue
+        results[i].update(status="matched", matched_by=how, message_id=answer.id)
+        if answer.id in matched:  # two records rate the same answer: the newer one counts
+            other = matched[answer.id][0]
+            older, newer = (other, r) if (r.at, r.index) > (other.at, other.index) else (r, other)
+            results[older.index].update(status="duplicate", detail=f"record {newer.index + 1} rates the same answer "
+                                        "and is newer")
+            if newer is other:
+                continue
+        matched[answer.id] = (r, answer)
+
+    owners = {cid: uid for cid, uid in db.session.execute(db.select(Conversation.id, Conversation.user_id).where(
+        Conversation.id.in_(sorted({m.conversation_id for _, m in matched.values()}))))}
+    feedback_counts = {"created": 0, "updated": 0, "unchanged": 0, "kept": 0}
+    pairs: dict[tuple[int, int, int], dict[int, tuple[str, datetime]]] = {}
+    prompts: dict[tuple[int, int, int], int] = {}
+    for answer_id, (r, answer) in sorted(matched.items(), key=lambda kv: kv[1][0].index):
+        owner = owners[answer.conversation_id]
+        siblings = [matcher.sibling(s, r.question.content, answer) for s in r.siblings] \
+            if r.sibling_models and r.question and r.question.content is not None and answer.parent_id else []
+        kept = sorted({s.id for s in siblings if s is not None})
+        state = _store_rating(owner, answer_id, r)
+        feedback_counts[state] += 1
+        results[r.index].update(feedback=state, siblings_matched=len(kept),
+                                siblings_unmatched=len(siblings) - len(kept))
+        for sibling_id in kept:
+            key = (owner, min(answer_id, sibling_id), max(answer_id, sibling_id))
+            pairs.setdefault(key, {})[answer_id] = (r.thumb, r.at)
+            prompts.setdefault(key, answer.parent_id)
+    votes = _store_votes(pairs, prompts) if pairs else {"created": 0, "updated": 0, "unchanged": 0, "kept": 0}
+
+    statuses = [res.get("status") for res in results]
+    by_reason = {reason: n for reason in UNMATCHED_REASONS
+                 if (n := sum(1 for res in results if res.get("reason") == reason))}
+    summary = {"source": source, "records": len(records), "matched": statuses.count("matched"),
+               "duplicate": statuses.count("duplicate"), "unmatched": statuses.count("unmatched"),
+               "unmatched_by_reason": by_reason,
+               "matched_by": {how: sum(1 for res in results if res.get("status") == "matched"
+                                       and res.get("matched_by") == how) for how in ("message id", "text")},
+               "feedback": feedback_counts, "comparisons": votes, "results": results}
+    if feedback_counts["created"] + feedback_counts["updated"] + votes["created"] + votes["updated"]:
+        audit("openwebui_import", clip(source, 200), actor=actor, records=len(records), feedback=feedback_counts,
+              comparisons=votes, unmatched=summary["unmatched"], duplicate=summary["duplicate"])
+        db.session.commit()
+    return summary
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The import's outcome as text: counts, then each unmatched record with its reason."""
+    fb, votes = summary["feedback"], summary["comparisons"]
+    lines = [f"{summary['records']} records: {summary['matched']} matched, {summary['duplicate']} duplicate, "
+             f"{summary['unmatched']} unmatched",
+             f"  feedback: {fb['created']} created, {fb['updated']} updated, {fb['unchanged']} unchanged, "
+             f"{fb['kept']} kept (the stored feedback is newer); matched by message id "
+             f"{summary['matched_by']['message id']}, by text {summary['matched_by']['text']}",
+             f"  side-by-side votes from sibling ratings: {votes['created']} created, {votes['updated']} updated, "
+             f"{votes['unchanged']} unchanged, {votes['kept']} kept"]
+    if summary["unmatched_by_reason"]:
+        lines.append("  unmatched: " + ", ".join(f"{reason} {n}"
+                                                 for reason, n in summary["unmatched_by_reason"].items()))
+    for res in summary["results"]:
+        if res.get("status") == "unmatched":
+            name = f" (id {clip(str(res['id']))})" if res.get("id") else ""
+            lines.append(f"    record {res['record']}{name}: {res['reason']}: {res['detail']}")
+    return lines
