@@ -12,7 +12,7 @@ import hashlib
 import hmac
 import secrets
 
-from flask import Flask, current_app, has_request_context, request, session
+from flask import Flask, current_app, g, has_request_context, request, session
 from flask.sessions import SecureCookieSessionInterface, SessionMixin
 from flask_limiter.util import get_remote_address
 from flask_login import current_user
@@ -28,6 +28,11 @@ class RefreshOnPageLoadSessionInterface(SecureCookieSessionInterface):
     Re-signing an unchanged cookie on every rating or message was the largest single cost of
     a feedback request (~0.25 ms of ~1 ms); a visitor who comes back within the lifetime loads
     a page and gets a fresh expiry all the same. A changed session is always saved."""
+
+    def save_session(self, app: Flask, session: SessionMixin, response) -> None:
+        if g.get("stateless"):  # see mark_stateless
+            return
+        super().save_session(app, session, response)
 
     def should_set_cookie(self, app: Flask, session: SessionMixin) -> bool:
         if session.modified:
@@ -46,6 +51,12 @@ def init_app(app: Flask) -> None:
         user = db.session.get(User, int(user_id))
         # admins, and end users who registered an account (a password); never a bare anonymous row
         return user if user is not None and (user.is_admin or user.password_hash) else None
+
+
+def mark_stateless() -> None:
+    """This request is authenticated otherwise (a bearer key): it never sets, refreshes or clears a
+    cookie, whatever cookie the client sent."""
+    g.stateless = True
 
 
 _BY_ANON_ID = db.select(User).where(User.anon_id == db.bindparam("anon_id"))  # built once: runs on every request
