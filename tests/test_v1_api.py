@@ -485,6 +485,8 @@ def test_the_api_never_sets_a_cookie_nor_reads_one_for_identity(v1):
     owner = v1.db(lambda: db.session.scalars(db.select(Conversation.user_id)).one())
     assert owner != browser.user_id
     assert browser.client.get("/v1/models").status_code == 401  # the cookie is no key
+    for path in ("/v1/models", "/v1/unknown"):
+        assert "Set-Cookie" not in browser.client.get(path).headers
 
 
 def test_the_cli_prints_the_key_once_and_stores_its_hash(tmp_path, micro_model_dir, monkeypatch):

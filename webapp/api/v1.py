@@ -46,10 +46,14 @@ def init_app(app: Flask) -> None:
     init_errors(app)
     app.register_blueprint(bp)
 
+    @app.before_request
+    def no_cookies_under_v1() -> None:  # an unknown /v1 path (no blueprint) included
+        if request.path.startswith("/v1/"):
+            mark_stateless()
+
 
 @bp.before_request
 def authenticate() -> None:
-    mark_stateless()
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
