@@ -24,7 +24,7 @@ def _create(name: object, client: object, forwards: bool, rate_limit: object) ->
         if value is not None and not isinstance(value, str):
             raise BadRequest(f"'{field}' must be a string.")
     if not name:
-        raise BadRequest("'name' is required: 1-80 letters, digits, '.', '-' or '_'.")
+        raise BadRequest("'name' is required: 1-80 printable characters.")
     try:
         return create_api_key(name, client or None, forwards, rate_limit or None, created_by=current_user.id)
     except KeyProblem as exc:

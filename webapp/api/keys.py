@@ -5,7 +5,6 @@ refused at once by every process. A key is never logged and never shown again.""
 from __future__ import annotations
 
 import hashlib
-import re
 import secrets
 from typing import Any
 
@@ -18,7 +17,7 @@ from webapp.core.models import ApiKey, User, iso, utcnow
 
 KEY_PREFIX = "rlhf-"
 SHOWN_PREFIX_CHARS = 12  # "rlhf-" and 7 random characters: enough to tell keys apart in a list
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
+MAX_NAME_CHARS = 80
 
 
 class KeyProblem(ValueError):
@@ -30,8 +29,10 @@ def hash_key(key: str) -> str:
 
 
 def _checked_name(value: str, what: str) -> str:
-    if not isinstance(value, str) or not _NAME.fullmatch(value):
-        raise KeyProblem(f"{what} must be 1-80 letters, digits, '.', '-' or '_' (starting with a letter or digit).")
+    """A name as typed, without surrounding spaces: 1-80 printable characters."""
+    value = value.strip() if isinstance(value, str) else ""
+    if not value or len(value) > MAX_NAME_CHARS or not value.isprintable():
+        raise KeyProblem(f"{what} must be 1-{MAX_NAME_CHARS} printable characters.")
     return value
 
 
