@@ -1,6 +1,6 @@
 """Property-based fuzzing of every JSON API route (hypothesis).
 
-Every ``/api`` route in ``app.url_map`` gets random requests: JSON bodies of any shape and
+Every ``/api`` and ``/v1`` route in ``app.url_map`` gets random requests: JSON bodies of any shape and
 type (huge strings, NUL, lone surrogates, huge numbers, deep nesting), invalid UTF-8 and
 non-JSON bodies, wrong content types, random ids and keys in the URL (negative, huge,
 non-numeric, percent-encoded junk), random query strings, a missing or wrong CSRF token and
@@ -9,10 +9,13 @@ top of otherwise valid requests, so the rare values are tried on every run, not 
 chance draws them. The properties:
 
 * never a 5xx;
-* a rejected request (4xx) answers JSON ``{"error": "<clear message>"}`` (webapp/errors.py);
+* a rejected request (4xx) answers JSON ``{"error": "<clear message>"}`` (webapp/errors.py); under
+  /v1 OpenAI's ``{"error": {"message", "type", "param", "code"}}``;
 * a rejected request leaves the database exactly as it was (every table, every row);
-* a state change without the CSRF token is a 400 that names CSRF;
+* a state change without the CSRF token is a 400 that names CSRF (/v1 takes bearer keys, no CSRF);
 * an accepted request answers JSON (or the documented SSE stream / NDJSON export).
+
+The /v1 routes are called with an API key (``Authorization: Bearer``).
 
 The routes come from ``app.url_map``: ``test_every_api_route_is_fuzzed`` fails when a route
 exists that the table below does not know. The number of requests that ran is printed at the
@@ -87,6 +90,28 @@ FIELD_VALUES = {
     "new_password": st.one_of(st.sampled_from(["changer-password", "short", "x" * 201]), TEXT),
     "trust": st.sampled_from(["auto", "trusted", "quarantined", "maybe"]), "note": TEXT,
     "category": st.one_of(st.sampled_from(FLAG_VALUES), st.sampled_from(["spam", "HATE", ""])),
+    # the /v1 API and API keys
+    "model": st.one_of(st.just("rlhf-chat"), TEXT),
+    "messages": st.one_of(
+        st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "assistant", "tool"]),
+                                        "content": st.one_of(TEXT, st.lists(st.fixed_dictionaries(
+                                            {"type": st.sampled_from(["text", "image_url"]), "text": TEXT}),
+                                            max_size=3))}), max_size=4),
+        JSON_VALUES),
+    "max_tokens": st.one_of(st.none(), NUMBERS), "max_completion_tokens": st.one_of(st.none(), NUMBERS),
+    "temperature": st.one_of(st.none(), st.floats(-1, 3), NUMBERS), "top_p": st.one_of(st.none(), NUMBERS),
+    "stop": st.one_of(st.none(), TEXT, st.lists(TEXT, max_size=6)), "seed": st.one_of(st.none(), NUMBERS),
+    "n": st.one_of(st.none(), st.integers(-1, 3)),
+    "user": st.one_of(st.none(), TEXT, st.fixed_dictionaries({"id": TEXT, "name": TEXT})),
+    "safety_identifier": st.one_of(st.none(), TEXT),
+    "stream_options": st.one_of(st.none(), st.fixed_dictionaries({"include_usage": JSON_SCALARS})),
+    "completion_id": st.one_of(st.just("chatcmpl-fuzz-seeded"), TEXT),
+    "flag": st.one_of(st.none(), st.fixed_dictionaries({"category": st.sampled_from([*FLAG_VALUES, "spam"])},
+                                                       optional={"note": TEXT})),
+    "name": st.one_of(st.from_regex(r"\A[a-z0-9][a-z0-9._-]{0,79}\Z"), TEXT),
+    "client": st.one_of(st.none(), st.from_regex(r"\A[a-z0-9][a-z0-9._-]{0,79}\Z"), TEXT),
+    "forwards_user_headers": st.booleans(),
+    "rate_limit": st.one_of(st.none(), st.sampled_from(["10 per minute", "1/second; 100/day", "lots"]), TEXT),
 }
 QUERY_VALUES = {
     "experiment": st.one_of(st.sampled_from(["exp-draft", "exp-run"]), TEXT),
@@ -161,6 +186,21 @@ ROUTES: dict[str, dict] = {
     "account_api.change_password": {"caller": "changer", "base": {"password": "changer-password",
                                                                   "new_password": "changer-password"}},
     "admin_api.post_user_sign_out": {"caller": "admin"},
+    # API keys (admin JSON)
+    "api_keys.list_keys": {"caller": "admin"},
+    "api_keys.create_key": {"caller": "admin", "base": {"name": "fuzz-key"},
+                            "fields": ["client", "forwards_user_headers", "rate_limit"]},
+    "api_keys.revoke_key": {"caller": "admin"},
+    # the /v1 API: a front end's key (rated: its own completion, seeded)
+    "v1_api.list_models": {"caller": "apikey"},
+    "v1_api.get_model": {"caller": "apikey"},
+    "v1_api.chat_completions": {"caller": "apikey",
+                                "base": {"model": "rlhf-chat", "messages": [{"role": "user", "content": "hi"}],
+                                         "stream": False},
+                                "fields": ["max_tokens", "max_completion_tokens", "temperature", "top_p", "stop",
+                                           "seed", "n", "user", "safety_identifier", "stream_options"]},
+    "v1_api.post_feedback": {"caller": "apikey", "base": {"completion_id": "chatcmpl-fuzz-seeded", "thumb": "up"},
+                             "fields": ["rating", "correction", "comment", "reasons", "flag", "user"]},
 }
 
 
@@ -368,6 +408,20 @@ def world(tmp_path_factory, micro_model_dir, request):
         assert changer.post("/api/account/register", json={"username": "changer", "password": "changer-password"}
                             ).status_code == 201
         admin = admin_client(app)
+        from webapp.api.keys import create_api_key
+
+        with app.app_context():
+            _, key = create_api_key("fuzz-front", forwards_user_headers=True)
+            victim = create_api_key("fuzz-victim")[0].id
+        apikey = SimpleNamespace(client=app.test_client(), csrf=None, headers={"Authorization": f"Bearer {key}"})
+        seeded = apikey.client.post("/v1/chat/completions", headers=apikey.headers, json={
+            "model": "rlhf-chat", "user": "fuzzer", "messages": [{"role": "user", "content": "How do I cook rice?"}]})
+        assert seeded.status_code == 200, seeded.get_data(as_text=True)
+        with app.app_context():  # a fixed id, so that valid feedback bodies can name it
+            db.session.execute(sa.text("UPDATE messages SET completion_id = 'chatcmpl-fuzz-seeded' "
+                                       "WHERE completion_id = :cid"), {"cid": seeded.get_json()["id"]})
+            db.session.commit()
+        valid.update(key_id=str(victim), model_id="rlhf-chat")
         with app.app_context():  # a running experiment, so routing, compare and metrics take their A/B paths
             db.session.add(Experiment(key="exp-run", control_version_id=1, variant_version_id=2, status="running"))
             db.session.commit()
@@ -375,7 +429,7 @@ def world(tmp_path_factory, micro_model_dir, request):
         with app.app_context():
             tables = sa.inspect(db.engine).get_table_names()
         yield SimpleNamespace(app=app, owner=users["owner"], other=users["other"], admin=admin, visitor=visitor,
-                              changer=changer, valid=valid,
+                              changer=changer, apikey=apikey, valid=valid,
                               tables=tables, rules={r.endpoint: r for r in app.url_map.iter_rules()})
         elapsed = time.perf_counter() - started
         random_cases = sum(n for (kind, _), n in RUN_COUNTS.items() if kind == "random")
@@ -395,17 +449,18 @@ def world(tmp_path_factory, micro_model_dir, request):
 def _reset(world) -> None:
     """Undo what earlier examples did to the seeded data that later examples need: deleted
     conversations come back (a 404 because an earlier example deleted the target teaches us
-    nothing)."""
+    nothing); so do revoked API keys (the caller's key may have been revoked)."""
     from webapp.core.extensions import db
 
     with world.app.app_context():
         db.session.execute(sa.text("UPDATE conversations SET deleted_at = NULL WHERE deleted_at IS NOT NULL"))
+        db.session.execute(sa.text("UPDATE api_keys SET revoked_at = NULL WHERE revoked_at IS NOT NULL"))
         db.session.commit()
 
 
 def send(world, caller, req: dict):
-    headers = {}
-    if req["csrf"] == "valid":
+    headers = dict(getattr(caller, "headers", {}))
+    if req["csrf"] == "valid" and caller.csrf:
         headers["X-CSRFToken"] = caller.csrf
     elif req["csrf"] == "garbage":
         headers["X-CSRFToken"] = "not-a-token"
@@ -428,9 +483,14 @@ def check_response(world, endpoint: str, req: dict, resp, before: dict) -> None:
         assert snapshot(world) == before, f"{where}: a redirect changed the database"
         return
     assert 200 <= status < 300 or 400 <= status < 500, where
+    v1 = req["path"].startswith("/v1/")
     if status >= 400:
         assert resp.mimetype == "application/json", f"{where}: not JSON: {resp.get_data()[:300]!r}"
         body = resp.get_json()
+        if v1:  # OpenAI's shape
+            assert isinstance(body, dict) and set(body) == {"error"} and set(body["error"]) == {
+                "message", "type", "param", "code"}, f"{where}: {body!r}"
+            body = {"error": body["error"]["message"]}
         assert isinstance(body, dict) and isinstance(body.get("error"), str) and body["error"].strip(), \
             f"{where}: {body!r}"
         assert len(body["error"]) <= 1000, f"{where}: the error echoes too much: {len(body['error'])} characters"
@@ -438,9 +498,14 @@ def check_response(world, endpoint: str, req: dict, resp, before: dict) -> None:
         changed = {t for t in before if before[t] != after.get(t)} | (set(after) - set(before))
         assert not changed, f"{where}: a rejected request changed table(s) {sorted(changed)}"
         return
-    if req["method"] in STATE_CHANGING:
+    if req["method"] in STATE_CHANGING and not v1:
         assert req["csrf"] == "valid", f"{where}: a state change without a valid CSRF token was accepted"
-    if resp.mimetype == "text/event-stream":
+    if resp.mimetype == "text/event-stream" and v1:
+        text = resp.get_data(as_text=True)
+        assert text.endswith("data: [DONE]\n\n") and '"error"' not in text, f"{where}: {text[-300:]}"
+        for block in text.split("\n\n")[:-2]:
+            assert json.loads(block.removeprefix("data: "))["object"] == "chat.completion.chunk", where
+    elif resp.mimetype == "text/event-stream":
         text = resp.get_data(as_text=True)
         assert "event: error" not in text and "event: done" in text, f"{where}: {text[-300:]}"
     elif resp.mimetype == "application/x-ndjson":
@@ -455,7 +520,7 @@ def check_response(world, endpoint: str, req: dict, resp, before: dict) -> None:
 
 
 def test_every_api_route_is_fuzzed(world):
-    api = {r.endpoint for r in world.app.url_map.iter_rules() if r.rule.startswith("/api")}
+    api = {r.endpoint for r in world.app.url_map.iter_rules() if r.rule.startswith(("/api", "/v1"))}
     assert api - set(ROUTES) == set(), "API route(s) missing from the fuzz table; add them to ROUTES"
     assert set(ROUTES) - api == set(), "the fuzz table names route(s) the app no longer has"
     for endpoint in api:
@@ -507,9 +572,13 @@ def test_csrf_failures_name_csrf(world):
         if method_of(rule) not in STATE_CHANGING:
             continue
         for csrf in ("missing", "garbage"):
+            _reset(world)
             before = snapshot(world)
             req = {"method": method_of(rule), "path": fill(rule.rule, world.valid), "query": "",
                    "body": _json_bytes(spec.get("base", {})), "content_type": "application/json", "csrf": csrf}
             resp = send(world, getattr(world, spec["caller"]), req)
+            if rule.rule.startswith("/v1/"):  # bearer keys: no CSRF token, none needed
+                assert resp.status_code == 200, (endpoint, resp.status_code, resp.get_data(as_text=True)[:300])
+                continue
             assert resp.status_code == 400 and "CSRF" in resp.get_json()["error"], (endpoint, resp.status_code)
             assert snapshot(world) == before, endpoint

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FEATURES = ("core", "serving", "experiments", "chat", "training", "admin", "safety")
+FEATURES = ("core", "serving", "experiments", "chat", "training", "admin", "safety", "api")
 
 
 def modules(package: str) -> dict[str, Path]:

@@ -7,7 +7,10 @@ each cell written down in ``MATRIX``.
   ids do not leak);
 * the admin JSON API answers 401 JSON to everyone but a logged-in admin; admin pages redirect
   everyone else to the login page -- a signed-in end user too;
-* a denied request changes nothing in the database.
+* a denied request changes nothing in the database;
+* the /v1 API answers only to bearer keys (401 to every cookie, the admin's too; 401 to a revoked
+  key), a completion is rated only with the key that produced it (404 for another key's, even one
+  of the same front end), and a key opens nothing outside /v1 (there it is an anonymous caller).
 
 Every cell runs against fresh objects (a new conversation, version, experiment... created for
 it), so a successful DELETE or promote in one cell cannot change the outcome of another. A
@@ -30,6 +33,9 @@ import sqlalchemy as sa
 from tests.conftest import register_model, route_sweep_app
 
 ROLES = ("anonymous", "other", "owner", "member", "admin")
+# bearer keys of the /v1 API: the key that produced the cell's completion, another key of the same
+# front end, and a revoked key. Outside /v1 only "key" runs, expected to fare as "anonymous".
+KEY_ROLES = ("key", "other_key", "revoked_key")
 ADMIN_PASSWORD = "authz-admin-pass"
 MEMBER_PASSWORD = "authz-member-pass"
 LOGIN = "login"  # expected outcome: a redirect to the admin login page
@@ -50,6 +56,11 @@ def admin_api(outcome) -> dict:
 
 
 ADMIN_PAGE = {"anonymous": LOGIN, "other": LOGIN, "owner": LOGIN, "member": LOGIN, "admin": 200}
+
+
+def keys_only(key: int, other_key: int) -> dict:
+    """/v1 routes: no cookie opens them (401); a valid key, and no revoked one."""
+    return {**everyone(401), "key": key, "other_key": other_key, "revoked_key": 401}
 
 
 # ---------------------------------------------------------------------------- fresh objects per cell
@@ -225,6 +236,40 @@ def rail_rule(world) -> dict:
         return {"rule_id": rule.id}
 
 
+def api_completion(world) -> dict:
+    """A completion the world's "key" produced for one of its end users."""
+    from webapp.api.users import anon_id_for
+    from webapp.core.extensions import db
+    from webapp.core.models import Conversation, Message, User
+
+    with world.app.app_context():
+        user = User(anon_id=anon_id_for("authz-front", f"end-user-{next(_ids)}"))
+        db.session.add(user)
+        db.session.flush()
+        conv = Conversation(user_id=user.id, title="an API chat")
+        db.session.add(conv)
+        db.session.flush()
+        question = Message(conversation_id=conv.id, role="user", content="How do I boil rice?")
+        db.session.add(question)
+        db.session.flush()
+        completion_id = f"chatcmpl-authz{next(_ids)}"
+        db.session.add(Message(conversation_id=conv.id, role="assistant", content="Boil it.", parent_id=question.id,
+                               model_version_id=1, api_key_id=world.key_ids["key"], completion_id=completion_id))
+        db.session.commit()
+    return {"body": {"completion_id": completion_id, "thumb": "up", "comment": "authz"}}
+
+
+def fresh_api_key(world) -> dict:
+    from webapp.api.keys import create_api_key
+
+    with world.app.app_context():
+        return {"key_id": create_api_key(f"authz-fresh-{next(_ids)}")[0].id}
+
+
+def new_api_key_body(world) -> dict:
+    return {"body": {"name": f"authz-new-key-{next(_ids)}", "client": "authz-front"}}
+
+
 ADMIN_FORM = {**{role: LOGIN for role in ROLES}, "admin": 303}  # a form that redirects back to its page
 
 
@@ -373,6 +418,18 @@ MATRIX: dict[tuple[str, str], Row] = {
     ("POST", "/admin/safety/rules/<int:rule_id>/toggle"): Row(ADMIN_FORM, setup=rail_rule, form={}),
     ("POST", "/admin/safety/rules/<int:rule_id>/delete"): Row(ADMIN_FORM, setup=rail_rule, form={}),
     ("POST", "/admin/safety/presets/<name>"): Row(ADMIN_FORM, path={"name": "email"}, form={"enabled": "0"}),
+    # ---- API keys (admin) and the /v1 API (bearer keys)
+    ("GET", "/admin/api-keys"): Row(ADMIN_PAGE),
+    ("POST", "/admin/api-keys"): Row({**ADMIN_FORM, "admin": 200}, form={"name": "authz-form-key"}),
+    ("POST", "/admin/api-keys/<int:key_id>/revoke"): Row(ADMIN_FORM, setup=fresh_api_key, form={}),
+    ("GET", "/api/admin/api-keys"): Row(admin_api(200)),
+    ("POST", "/api/admin/api-keys"): Row(admin_api(201), setup=new_api_key_body),
+    ("POST", "/api/admin/api-keys/<int:key_id>/revoke"): Row(admin_api(200), setup=fresh_api_key),
+    ("GET", "/v1/models"): Row(keys_only(200, 200)),
+    ("GET", "/v1/models/<path:model_id>"): Row(keys_only(200, 200), path={"model_id": "rlhf-chat"}),
+    ("POST", "/v1/chat/completions"): Row(keys_only(200, 200), body={
+        "model": "rlhf-chat", "user": "authz-person", "messages": [{"role": "user", "content": "And pasta?"}]}),
+    ("POST", "/v1/feedback"): Row(keys_only(200, 404), setup=api_completion),
 }
 
 CONVERTER = re.compile(r"<(?:(\w+)(?:\([^)]*\))?:)?(\w+)>")
@@ -415,10 +472,17 @@ def world(tmp_path_factory, micro_model_dir, request):
         signed = member.post("/api/account/register", json={"username": "member", "password": MEMBER_PASSWORD},
                              headers={"X-CSRFToken": token})
         assert signed.status_code == 201, signed.get_data(as_text=True)
+        from webapp.api.keys import create_api_key, revoke_api_key
+
         with app.app_context():
             admin_id = db.session.scalars(db.select(User).filter_by(username="root")).one().id
+            made = {role: create_api_key(f"authz-{role}", "authz-front") for role in KEY_ROLES}
+            revoke_api_key(made["revoked_key"][0])
+            keys = {role: key for role, (_, key) in made.items()}
+            key_ids = {role: row.id for role, (row, _) in made.items()}
         world = SimpleNamespace(app=app, owner_id=owner_id, other_id=other_id, model_path=model_path,
-                                admin_id=admin_id, member_id=signed.get_json()["user_id"], sessions={})
+                                admin_id=admin_id, member_id=signed.get_json()["user_id"], sessions={},
+                                keys=keys, key_ids=key_ids)
         yield world
 
 
@@ -452,9 +516,17 @@ def signed_in_session(world, role: str) -> dict:
     return world.sessions[role]
 
 
+def roles_of(rule: str) -> tuple[str, ...]:
+    return ROLES + (KEY_ROLES if rule.startswith("/v1/") else ("key",))
+
+
+def expected_of(row: Row, role: str):
+    return row.expect[role] if role in row.expect else row.expect["anonymous"]  # a key opens nothing outside /v1
+
+
 def client_as(world, role: str):
     """A fresh client acting as ``role`` and its CSRF token (fresh, so a logout in one cell
-    cannot affect another)."""
+    cannot affect another). A key role is a client without a cookie of its own that sends the key."""
     client = world.app.test_client()
     with client.session_transaction() as sess:
         if role in ("admin", "member"):
@@ -465,6 +537,8 @@ def client_as(world, role: str):
         token = client.get("/api/session").get_json()["csrf_token"]
     else:
         token = _csrf_from_login_page(client)
+    if role in KEY_ROLES:
+        client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {world.keys[role]}"
     return client, token
 
 
@@ -480,7 +554,7 @@ def snapshot(world) -> dict[str, set]:
 def assert_unchanged(before: dict, after: dict, role: str, where: str) -> None:
     for table in before.keys() | after.keys():
         old, new = before.get(table, set()), after.get(table, set())
-        if table in ("users", "identity_origins") and role == "anonymous":
+        if table in ("users", "identity_origins") and role in ("anonymous", "key") and " /v1/" not in where:
             # a first-time visitor is recorded as a user (with where it came from), nothing else may change
             assert old <= new and len(new - old) <= 1, f"{where}: {table} changed"
             continue
@@ -495,15 +569,15 @@ def test_every_route_is_classified(world):
     assert not missing, f"route(s) without an authorization row in MATRIX: {sorted(missing)}"
     stale = set(MATRIX) - routes
     assert not stale, f"MATRIX rows for routes the app no longer has: {sorted(stale)}"
-    for key, row in MATRIX.items():
-        assert set(row.expect) == set(ROLES), key
+    for (_, rule), row in MATRIX.items():
+        assert set(row.expect) == set(ROLES + KEY_ROLES if rule.startswith("/v1/") else ROLES), rule
 
 
 @pytest.mark.parametrize("route", sorted(MATRIX), ids=lambda r: f"{r[0]} {r[1]}")
 def test_authorization(world, route):
     method, rule = route
     row = MATRIX[route]
-    for role in ROLES:
+    for role in roles_of(rule):
         objs = row.setup(world) if row.setup else {}
         body = objs.pop("body", row.body)
         path = CONVERTER.sub(lambda m: str({**row.path, **objs}[m.group(2)]), rule)
@@ -515,7 +589,7 @@ def test_authorization(world, route):
         else:
             resp = client.open(path, method=method, query_string=row.query, json=body,
                                headers={"X-CSRFToken": token})
-        expected = row.expect[role]
+        expected = expected_of(row, role)
         if expected == LOGIN:
             assert resp.status_code == 302, f"{where}: {resp.status_code}"
             assert resp.location.split("?")[0].endswith("/admin/login"), f"{where}: {resp.location}"
@@ -528,6 +602,11 @@ def test_authorization(world, route):
             assert error, where
             if resp.status_code == 404:
                 assert "not found" in error.lower(), f"{where}: {error}"
+        if path.startswith("/v1/") and resp.status_code >= 400:  # OpenAI's error shape
+            error = resp.get_json()["error"]
+            assert error["message"] and error["type"], where
+            if resp.status_code == 401:
+                assert error["code"] in ("invalid_api_key", "api_key_revoked"), f"{where}: {error}"
         if resp.status_code >= 400:
             assert_unchanged(before, snapshot(world), role, where)
         elif row.check is not None:

@@ -199,3 +199,20 @@ def test_generate_chats_answers_side_by_side_in_one_batch(loaded, solo):
     counts = [r.token_count for r in results]
     assert stats.prefills == prefills + 1 and stats.steps - steps == max(counts) - 1
     assert stats.rows_stepped - rows == sum(c - 1 for c in counts)
+
+
+def test_a_seed_gives_the_same_sampled_answer_alone_and_in_a_batch(loaded):
+    """A seeded row samples from its own generator: the same seed, the same answer, whoever else is
+    in the batch (each seeded row is warped and sampled on its own)."""
+    seeded = GenerationSettings(max_new_tokens=30, temperature=1.5, top_p=0.95, seed=1234)
+    alone = generate_chat(loaded, ask(PROMPTS[2]), seeded)
+    again = generate_chat(loaded, ask(PROMPTS[2]), seeded)
+    with batcher_for(loaded).held():
+        handles = [stream_chat(loaded, ask(PROMPTS[2]), seeded),
+                   stream_chat(loaded, ask(PROMPTS[2]), GenerationSettings(max_new_tokens=30, temperature=1.5,
+                                                                          top_p=0.95, seed=99)),
+                   stream_chat(loaded, ask(PROMPTS[2]), GenerationSettings(max_new_tokens=30, temperature=1.5,
+                                                                          top_p=0.95))]
+    drain(handles)
+    assert alone.text and again.text == alone.text and handles[0].result.text == alone.text
+    assert handles[1].result.text != alone.text  # another seed samples otherwise

@@ -185,6 +185,14 @@ def seed_dashboard(app, model_dir: Path, instance: Path) -> None:
                           "weight": 0.0, "status": "quarantined", "reasons": ["disagrees with the other raters"]}})
         set_trust(visitors[3], "quarantined", "the same comment on every answer", None)
         db.session.commit()
+        # the API keys page: a front end's key in use, an SDK key with its own limit, a revoked one
+        from webapp.api.keys import create_api_key, revoke_api_key
+
+        used, _ = create_api_key("open-webui", forwards_user_headers=True)
+        used.request_count, used.last_used_at = 1234, now - timedelta(minutes=3)
+        create_api_key("notebook-sdk", rate_limit="60 per minute")
+        revoke_api_key(create_api_key("old-librechat", client="librechat")[0])
+        db.session.commit()
 
 
 @contextlib.contextmanager
@@ -229,7 +237,7 @@ PAGES = [("overview", "/admin/"), ("experiments", "/admin/experiments"),
          ("feedback", "/admin/feedback"), ("feedback-filtered", "/admin/feedback?has_correction=1&thumb=down"),
          ("feedback-empty", "/admin/feedback?q=nothing-matches-this"), ("settings", "/admin/settings"),
          ("raters", "/admin/raters"), ("raters-filtered", "/admin/raters?status=quarantined&sort=weight"),
-         ("safety", "/admin/safety/")]
+         ("safety", "/admin/safety/"), ("api-keys", "/admin/api-keys")]
 
 
 def logged_in_page(browser, url: str, viewport: dict, **context_args):

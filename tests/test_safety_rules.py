@@ -274,3 +274,22 @@ def test_guarded_stream_keeps_only_what_was_sent_when_stopped():
     assert next(iter(guarded)) == ("token", {"text": "Hello there "})
     guarded.close()
     assert guarded.stopped and guarded.outcome.result.text == "Hello there" and guarded.outcome.result.stopped
+
+
+def test_an_append_only_stream_is_refused_once_text_went_out_and_regenerated_before():
+    """can_retract=False (an OpenAI stream cannot take back what it sent): a block after released
+    text is refused whatever the policy; a block before any text is regenerated as usual."""
+    late = [FakeHandle(["Sure. You ", "could ki", "ll yourself"]), FakeHandle(["A safe one."])]
+    it = iter(late)
+    guarded = GuardedStream(Rail(PHRASE_RULES, Policy("regenerate", attempts=2, refusal="No.")), [],
+                            lambda: next(it), can_retract=False)
+    events = list(guarded)
+    assert events[0] == ("token", {"text": "Sure. You "}) and events[-1][1]["action"] == "refused"
+    assert [b.action for b in guarded.outcome.blocks] == ["refused"] and guarded.outcome.refused
+    early = [FakeHandle(["kill yourself"]), FakeHandle(["A safe one."])]
+    it = iter(early)
+    guarded = GuardedStream(Rail(PHRASE_RULES, Policy("regenerate", attempts=2)), [], lambda: next(it),
+                            can_retract=False)
+    events = list(guarded)
+    assert ("rail", {"type": "rail", "action": "regenerating", "text": ""}) in events
+    assert guarded.outcome.result.text == "A safe one." and not guarded.outcome.refused

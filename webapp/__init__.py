@@ -43,6 +43,8 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     from webapp.admin import api as admin_api
     from webapp.admin import auth as admin_auth
     from webapp.admin import pages as admin_pages
+    from webapp.api import admin as api_keys_admin
+    from webapp.api import v1
     from webapp.chat import account as account_api
     from webapp.chat import api as chat_api
     from webapp.chat import pages
@@ -56,8 +58,9 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     security.init_app(app)
     app.url_map.converters["int"] = IdConverter  # before any route is added
     for blueprint in (session_api.bp, chat_api.bp, account_api.bp, pages.bp, admin_auth.bp, admin_pages.bp,
-                      admin_api.bp, safety_pages.bp):
+                      admin_api.bp, safety_pages.bp, api_keys_admin.bp):
         app.register_blueprint(blueprint)
+    v1.init_app(app)  # the OpenAI-compatible API: bearer keys, no CSRF, errors in OpenAI's shape
     cli.init_app(app)
 
     prepare_schema(app)

@@ -17,13 +17,14 @@ from webapp.core.settings import ConfigError
 
 def init_app(app: Flask) -> None:
     from webapp.admin.auth import create_admin_command
+    from webapp.api.keys import COMMANDS as api_key_commands
     from webapp.core.backup import backup_command, restore_command
     from webapp.core.database_copy import copy_database_command
 
     # commands that read or write the app's tables stop when the schema is not the code's
     for command in (init_model_command, serve_command, rl_train_command, export_feedback_command,
                     import_feedback_command, ab_report_command, scheduler_command, create_admin_command,
-                    copy_database_command):
+                    copy_database_command, *api_key_commands):
         app.cli.add_command(needs_current_schema(command))
     for command in (init_db_command, settings_command, backup_command, restore_command):
         app.cli.add_command(command)

@@ -100,6 +100,7 @@ class _Row:
         self.text = ""  # decoded answer so far (leading space stripped, stop string cut off)
         self.emitted = 0  # len(text) already handed out
         self.finish: str | None = None
+        self.generator: torch.Generator | None = None  # a seeded row's own (made by the worker)
         self._prefix = 0  # incremental decoding: ids[_prefix:_read] is the context of the next piece
         self._read = 0
 
@@ -381,33 +382,43 @@ class _Batcher:
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
         """Next token of every row, each with its own settings: the same warpers as
-        ``model.generate`` (temperature, top-k, top-p) and multinomial sampling, or argmax."""
+        ``model.generate`` (temperature, top-k, top-p) and multinomial sampling, or argmax. A row
+        with a seed samples alone, from its own generator."""
         scores = logits.float()
         groups: dict[tuple, list[int]] = {}
         for i, row in enumerate(rows):
             s = row.settings
-            groups.setdefault((True, s.temperature, s.top_p) if s.do_sample else (False,), []).append(i)
+            key = (True, s.temperature, s.top_p) if s.do_sample else (False,)
+            groups.setdefault(key + (i,) if s.do_sample and s.seed is not None else key, []).append(i)
         if len(groups) == 1:
-            return self._pick(next(iter(groups)), scores)
+            key, members = next(iter(groups.items()))
+            return self._pick(key, scores, self._generator(rows[members[0]], key))
         tokens = torch.empty(len(rows), dtype=torch.long, device=scores.device)
         for key, members in groups.items():
             index = torch.tensor(members, device=scores.device)
-            tokens[index] = self._pick(key, scores[index])
+            tokens[index] = self._pick(key, scores[index], self._generator(rows[members[0]], key))
         return tokens
 
-    def _pick(self, key: tuple, scores: torch.Tensor) -> torch.Tensor:
+    def _generator(self, row: _Row, key: tuple) -> torch.Generator | None:
+        if len(key) < 4:  # greedy, or sampled without a seed
+            return None
+        if row.generator is None:
+            row.generator = torch.Generator(device=self.loaded.device).manual_seed(int(row.settings.seed) % 2**64)
+        return row.generator
+
+    def _pick(self, key: tuple, scores: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         if not key[0]:
             return scores.argmax(-1)
-        warpers = self._warpers.get(key)
+        warpers = self._warpers.get(key[:3])
         if warpers is None:
-            _, temperature, top_p = key
-            warpers = self._warpers[key] = [w for w in (
+            _, temperature, top_p = key[:3]
+            warpers = self._warpers[key[:3]] = [w for w in (
                 TemperatureLogitsWarper(temperature) if temperature != 1.0 else None,
                 TopKLogitsWarper(top_k=self._top_k) if self._top_k else None,
                 TopPLogitsWarper(top_p=top_p) if top_p < 1.0 else None) if w is not None]
         for warp in warpers:
             scores = warp(None, scores)
-        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1, generator=generator).squeeze(1)
 
 
 _WORKERS_LOCK = threading.Lock()

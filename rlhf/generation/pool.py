@@ -26,6 +26,7 @@ class GenerationSettings:
     temperature: float = 0.8
     top_p: float = 0.95
     do_sample: bool = True
+    seed: int | None = None  # a sampled answer's own random generator: the same seed, the same answer
 
     def validate(self) -> "GenerationSettings":
         if not 1 <= self.max_new_tokens <= 4096:

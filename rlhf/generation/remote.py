@@ -252,9 +252,10 @@ def _events(resp: requests.Response) -> Iterator[dict[str, Any]]:
 
 def request_body(model: RemoteModel, row: _Row) -> dict[str, Any]:
     """The ``/v1/completions`` request of one answer: the prompt as token ids, the version's name,
-    sampling as in-process generation does it (temperature 0: greedy), its stops."""
+    sampling as in-process generation does it (temperature 0: greedy, a seed passed on), its stops."""
     s: GenerationSettings = row.settings
-    return {"model": model.served_name, "prompt": row.prompt_ids, "max_tokens": s.max_new_tokens,
+    seed = {"seed": s.seed} if s.seed is not None and s.do_sample else {}
+    return {**seed, "model": model.served_name, "prompt": row.prompt_ids, "max_tokens": s.max_new_tokens,
             "temperature": s.temperature if s.do_sample else 0.0, "top_p": s.top_p if s.do_sample else 1.0,
             "top_k": model.top_k if s.do_sample else -1, "stop": list(row.stops),
             "stop_token_ids": sorted(row.ends), "skip_special_tokens": True, "stream": True,

@@ -105,10 +105,14 @@ def guard_result(rail: Rail | None, history: Sequence[dict[str, str]], first: Ge
 class GuardedStream:
     """A streamed answer through the rail (see the module doc). ``start()`` begins one answer and
     returns a stream handle (``chunks``, ``result``: rlhf.generation.StreamHandle). After the
-    iteration (or ``close``), ``outcome`` holds the result whose text is what the client was sent."""
+    iteration (or ``close``), ``outcome`` holds the result whose text is what the client was sent.
+    ``can_retract=False``: the client cannot take back text it was sent (an append-only stream),
+    so an answer blocked after some of it was released is refused, never regenerated."""
 
-    def __init__(self, rail: Rail | None, history: Sequence[dict[str, str]], start: Callable[[], Any]) -> None:
+    def __init__(self, rail: Rail | None, history: Sequence[dict[str, str]], start: Callable[[], Any],
+                 can_retract: bool = True) -> None:
         self.rail = rail
+        self.can_retract = can_retract
         self.history = list(history)
         self._start = start
         self.outcome: Outcome | None = None
@@ -164,7 +168,8 @@ class GuardedStream:
                 tokens += handle.result.token_count if handle.result is not None else 0
                 handle = None
                 violation = checker.violation
-                action = _next_action(self.rail, attempt)  # type: ignore[arg-type]
+                action = (_next_action(self.rail, attempt)  # type: ignore[arg-type]
+                          if self.can_retract or not sent else "refused")
                 blocks.append(Block(violation.reason, violation.kind, violation.matched, checker.text, action, attempt))
                 sent = ""
                 if action == "regenerated":

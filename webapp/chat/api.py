@@ -23,7 +23,7 @@ from rlhf.safety import Block, GuardedStream, guard_result
 
 from webapp.chat.conversations import (add_question, answerer_dict, comparison_dict, conversation_summary,
                                        message_dict, own_answer_of_visitor, own_conversation, own_message,
-                                       resolve_parent, sees_arms)
+                                       resolve_parent, sees_arms, store_answer)
 from webapp.chat.feedback import save_feedback
 from webapp.chat.flags import remove_flag, save_flag
 from webapp.core.extensions import db
@@ -33,7 +33,7 @@ from webapp.core.security import chat_limit, feedback_limit
 from webapp.core.validation import (MAX_TITLE_CHARS, bool_field, feedback_changes, flag_fields, json_body,
                                     message_content, optional_id, text_field)
 from webapp.experiments.assignment import assign, running_experiment
-from webapp.safety.rail import rail_for, record_interventions
+from webapp.safety.rail import rail_for
 from webapp.serving.routing import Route, generation_settings, route_for, serve
 
 bp = Blueprint("chat_api", __name__, url_prefix="/api")
@@ -111,21 +111,9 @@ def delete_conversation(conversation_id: int):
 # ---------------------------------------------------------------------------- answering
 
 def _save_answer(user_msg_id: int, route: Route, result: GenerationResult, blocks: list[Block] = ()) -> Message:
-    """Store an answer (``result.text``: what the user saw) and the rail's interventions on it. Takes
-    ids, not ORM objects: a streamed response outlives the request's database session, so
-    everything is looked up again here."""
-    user_msg = db.session.get(Message, user_msg_id)
-    answer = Message(conversation_id=user_msg.conversation_id, role="assistant", content=result.text,
-                     parent_id=user_msg.id, model_version_id=route.version_id, experiment_id=route.experiment_id,
-                     arm=route.arm, latency_ms=result.latency_ms, token_count=result.token_count)
-    db.session.add(answer)
-    user_msg.conversation.updated_at = utcnow()
-    if blocks:
-        db.session.flush()
-        record_interventions(blocks, message_id=answer.id, user_id=user_msg.conversation.user_id,
-                             conversation_id=user_msg.conversation_id, version_id=route.version_id)
-    db.session.commit()
-    return answer
+    """Store an answer and the rail's interventions on it. Takes ids, not ORM objects: a streamed
+    response outlives the request's database session, so everything is looked up again here."""
+    return store_answer(db.session.get(Message, user_msg_id), route, result, blocks)
 
 
 def _sse(event: str, data: dict) -> str:

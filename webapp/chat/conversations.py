@@ -1,5 +1,5 @@
 """Conversations and messages as their owner sees them: lookups that 404 on anyone else's,
-where a new message attaches, titles, and the JSON shapes the chat API answers with.
+where a new message attaches, titles, storing an answer, and the JSON shapes the chat API answers with.
 
 Arms are blind: an answer's JSON names the model version and A/B arm that wrote it only to an
 admin (:func:`sees_arms`), and never while the answer is one side of a compare nobody voted on
@@ -8,19 +8,23 @@ their votes can lean on the name (as in Chatbot Arena, where identities stay hid
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Sequence
 
 from flask import session
 from flask_login import current_user
 from werkzeug.exceptions import BadRequest, NotFound
 
 from rlhf.criteria import FLAG_CATEGORIES
+from rlhf.generation import GenerationResult
+from rlhf.safety import Block
 
 from webapp.core.extensions import db
 from webapp.core.feedback import feedback_dict
 from webapp.core.identity import is_admin
-from webapp.core.models import Comparison, Conversation, Feedback, Flag, Message, User, iso
+from webapp.core.models import Comparison, Conversation, Feedback, Flag, Message, User, iso, utcnow
 from webapp.core.validation import optional_id
+from webapp.safety.rail import record_interventions
+from webapp.serving.routing import Route
 
 
 FLAG_LABELS: dict[str, str] = dict(FLAG_CATEGORIES)
@@ -194,3 +198,20 @@ def add_question(conv: Conversation, content: str, parent: Message | None) -> Me
         conv.title = clean_title(content)
     db.session.commit()
     return user_msg
+
+
+def store_answer(question: Message, route: Route, result: GenerationResult, blocks: Sequence[Block] = (),
+                 **columns: Any) -> Message:
+    """Store an answer to ``question`` (``result.text``: what the user saw), the rail's interventions
+    on it and ``columns`` of the message (where it came from), and commit."""
+    answer = Message(conversation_id=question.conversation_id, role="assistant", content=result.text,
+                     parent_id=question.id, model_version_id=route.version_id, experiment_id=route.experiment_id,
+                     arm=route.arm, latency_ms=result.latency_ms, token_count=result.token_count, **columns)
+    db.session.add(answer)
+    question.conversation.updated_at = utcnow()
+    if blocks:
+        db.session.flush()
+        record_interventions(blocks, message_id=answer.id, user_id=question.conversation.user_id,
+                             conversation_id=question.conversation_id, version_id=route.version_id)
+    db.session.commit()
+    return answer

@@ -1,8 +1,11 @@
 """Errors as JSON ``{"error": "..."}`` for the API, readable pages elsewhere; never a bare 500
-page for bad user input."""
+page for bad user input. A feature may claim a path prefix for an error shape of its own
+(:func:`register_error_shape`: the /v1 API answers in OpenAI's shape), routing errors included."""
 from __future__ import annotations
 
-from flask import Flask, jsonify, make_response, render_template_string, request
+from typing import Any, Callable
+
+from flask import Flask, current_app, jsonify, make_response, render_template_string, request
 from flask_wtf.csrf import CSRFError
 from sqlalchemy.exc import DataError
 from werkzeug.exceptions import HTTPException
@@ -19,7 +22,16 @@ def wants_json() -> bool:
     return request.path.startswith("/api/") or request.accept_mimetypes.best == "application/json"
 
 
+def register_error_shape(app: Flask, prefix: str, shape: Callable[[int, str], Any]) -> None:
+    """Errors of requests under ``prefix`` are answered by ``shape(code, message)``, a ``(body,
+    code)`` pair, instead of ``{"error": "..."}``."""
+    app.extensions.setdefault("error_shapes", []).append((prefix, shape))
+
+
 def error_response(code: int, message: str, name: str = "Error"):
+    for prefix, shape in current_app.extensions.get("error_shapes", ()):
+        if request.path.startswith(prefix):
+            return shape(code, message)
     if wants_json():
         return jsonify(error=message), code
     return render_template_string(_PAGE, code=code, name=name, message=message), code

@@ -13,7 +13,7 @@ import hmac
 import secrets
 from datetime import datetime
 
-from flask import Flask, current_app, has_request_context, request, session
+from flask import Flask, current_app, g, has_request_context, request, session
 from flask.sessions import SecureCookieSessionInterface, SessionMixin
 from flask_limiter.util import get_remote_address
 from flask_login import current_user
@@ -37,6 +37,11 @@ class RefreshOnPageLoadSessionInterface(SecureCookieSessionInterface):
         end = admin_session_end(app, session)
         return min(expires, end) if expires is not None and end is not None else expires
 
+    def save_session(self, app: Flask, session: SessionMixin, response) -> None:
+        if g.get("stateless"):  # see mark_stateless
+            return
+        super().save_session(app, session, response)
+
     def should_set_cookie(self, app: Flask, session: SessionMixin) -> bool:
         if session.modified:
             return True
@@ -47,6 +52,12 @@ class RefreshOnPageLoadSessionInterface(SecureCookieSessionInterface):
 def init_app(app: Flask) -> None:
     app.session_interface = RefreshOnPageLoadSessionInterface()
     login_manager.user_loader(load_user)  # checks the session's generation (and an admin's lifetime)
+
+
+def mark_stateless() -> None:
+    """This request is authenticated otherwise (a bearer key): it never sets, refreshes or clears a
+    cookie, whatever cookie the client sent."""
+    g.stateless = True
 
 
 _BY_ANON_ID = db.select(User).where(User.anon_id == db.bindparam("anon_id"))  # built once: runs on every request

@@ -24,7 +24,7 @@ from flask import Flask, current_app, make_response, request, session
 from flask_limiter import RateLimitExceeded
 from flask_limiter.util import get_remote_address
 from flask_login import current_user
-from limits import RateLimitItemPerHour
+from limits import RateLimitItemPerHour, parse_many
 from werkzeug.exceptions import RequestEntityTooLarge, TooManyRequests
 
 from webapp.core.errors import error_response
@@ -90,24 +90,40 @@ def _wait_text(seconds: int) -> str:
     return f"{minutes} minutes"
 
 
-def check_new_identity_limit() -> None:
+def check_new_identity_limit(bucket: str | None = None, refusal: str | None = None) -> None:
     """Count one new anonymous identity against the caller's address (``RLHF_NEW_IDENTITIES_PER_HOUR``,
     in Flask-Limiter's storage like every other limit); 429 with ``Retry-After`` when the address
     has made that many within the hour. Off with the rate limits (``RLHF_RATELIMIT_ENABLED=0``)
-    and with 0. Only creating an identity counts: existing cookies and signed-in users never do."""
+    and with 0. Only creating an identity counts: existing cookies and signed-in users never do.
+    ``bucket`` counts against something other than the client address (the /v1 API: an API key);
+    ``refusal`` is then the 429's message, with ``{limit}`` and ``{wait}`` filled in."""
     cfg = current_app.config
     per_hour = int(cfg.get("RLHF_NEW_IDENTITIES_PER_HOUR") or 0)
     if per_hour <= 0 or not cfg.get("RATELIMIT_ENABLED", True) or not limiter.enabled:
         return
     item = RateLimitItemPerHour(per_hour)
-    address = get_remote_address()
-    if limiter.limiter.hit(item, "new-identity", address):
+    bucket = bucket or get_remote_address()
+    if limiter.limiter.hit(item, "new-identity", bucket):
         return
-    reset = limiter.limiter.get_window_stats(item, "new-identity", address).reset_time
+    reset = limiter.limiter.get_window_stats(item, "new-identity", bucket).reset_time
     seconds = max(1, math.ceil(reset - time.time()))
-    raise TooManyRequests(
-        f"Too many new visitors from your network address in the last hour (the limit is {per_hour} per hour). "
-        f"Sign in to your account, or try again in {_wait_text(seconds)}.", retry_after=seconds)
+    refusal = refusal or ("Too many new visitors from your network address in the last hour (the limit is "
+                          "{limit} per hour). Sign in to your account, or try again in {wait}.")
+    raise TooManyRequests(refusal.format(limit=per_hour, wait=_wait_text(seconds)), retry_after=seconds)
+
+
+def check_limit(limit: str, scope: str, key: str, refusal: str) -> None:
+    """Count one request against ``limit`` (e.g. "600 per minute; 10000 per day") for ``key`` in
+    ``scope``, outside any route decorator (the limit depends on who is calling: an API key's own);
+    429 with ``Retry-After`` and ``refusal`` plus the limit when it is used up."""
+    if not current_app.config.get("RATELIMIT_ENABLED", True) or not limiter.enabled:
+        return
+    for item in parse_many(limit):
+        if not limiter.limiter.hit(item, scope, key):
+            reset = limiter.limiter.get_window_stats(item, scope, key).reset_time
+            seconds = max(1, math.ceil(reset - time.time()))
+            raise TooManyRequests(f"{refusal} The limit is {item}. Try again in {_wait_text(seconds)}.",
+                                  retry_after=seconds)
 
 
 def _retry_after_seconds() -> int | None:

@@ -87,6 +87,11 @@ def _refusal_text(value: str) -> str | None:
     return "must be at most 500 characters" if len(value) > 500 else None
 
 
+def _model_name(value: str) -> str | None:
+    ok = 0 < len(value) <= 100 and value.strip() == value and "/" not in value and value.isprintable()
+    return None if ok else "must be 1-100 printable characters without '/' or surrounding spaces"
+
+
 def _http_url(value: str) -> str | None:
     ok = value.startswith(("http://", "https://")) and len(value) > 8
     return None if ok else "must be an http:// or https:// URL"
@@ -277,6 +282,12 @@ class Settings:
     openwebui_pull_interval_seconds: float = setting(900.0, "with `RLHF_OPENWEBUI_URL`: how often the scheduler "
                                                      "pulls the export (a pull that finds nothing new writes "
                                                      "nothing)", "Open WebUI", above=0.0)
+    # the OpenAI-compatible API (/v1)
+    api_model_name: str = setting("rlhf-chat", "the model name the `/v1` API lists and answers as (`GET /v1/models`); "
+                                  "whichever version or A/B arm serves a request, this is the name clients see",
+                                  "API", check=_model_name)
+    api_rate_limit: str = setting("600 per minute", "`/v1` requests per API key (models, completions and feedback "
+                                  "share it), unless the key has a limit of its own", "API", check=_rate_limit)
     # training: the rlhf dataclasses themselves (device comes from the app's device above)
     training: CycleSettings = field(default_factory=CycleSettings)
 

@@ -1,0 +1,170 @@
+"""The /v1 API as a client sees it: the production server (tests/live_server.py) driven by the
+official ``openai`` package -- models, streamed and whole completions, usage, ``stop``,
+``max_completion_tokens``, a client that goes away mid-stream, feedback by completion id, and the
+SDK's own exceptions for a bad key, a bad request, a used-up rate limit and an unknown model."""
+from __future__ import annotations
+
+import time
+
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.conftest import flask_cli, make_app, register_model
+from tests.live_server import LiveServer
+from webapp.api.keys import create_api_key
+from webapp.core.extensions import db
+from webapp.core.models import Message
+
+MODEL = "rlhf-chat"
+RICE = [{"role": "user", "content": "How do I cook rice?"}]
+SEEDED = {"seed": 0, "temperature": 1.0, "top_p": 1.0}  # a sampled answer, the same every time
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory, micro_model_dir):
+    instance = tmp_path_factory.mktemp("v1-sdk") / "instance"
+    app = make_app(instance)
+    register_model(app, micro_model_dir)
+    with app.app_context():
+        keys = {name: create_api_key(name, client, rate_limit=limit)[1] for name, client, limit in
+                (("sdk", None, None), ("front-a", "front", None), ("front-b", "front", None),
+                 ("limited", None, "2 per hour"), ("doomed", None, None))}
+    server = LiveServer(instance, env={"RLHF_EMBEDDED_PRESET": "micro", "RLHF_MAX_NEW_TOKENS": "60"})
+    try:
+        yield server, instance, keys
+    finally:
+        server.stop()
+
+
+def sdk(live, key: str = "sdk") -> OpenAI:
+    server, _, keys = live
+    return OpenAI(base_url=server.url + "/v1", api_key=keys.get(key, key), max_retries=0, timeout=60)
+
+
+def stored(live, completion_id: str) -> Message | None:
+    app = make_app(live[1])
+    with app.app_context():
+        try:
+            return db.session.scalars(db.select(Message).filter_by(completion_id=completion_id)).first()
+        finally:
+            db.session.remove()
+            db.engine.dispose()
+
+
+def test_models(live):
+    client = sdk(live)
+    assert [m.id for m in client.models.list()] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("v1-base")
+
+
+def test_a_whole_completion_with_usage(live):
+    raw = sdk(live).chat.completions.with_raw_response.create(model=MODEL, messages=RICE, user="ann", **SEEDED)
+    assert "set-cookie" not in raw.headers
+    out = raw.parse()
+    assert out.id.startswith("chatcmpl-") and out.model == MODEL and out.object == "chat.completion"
+    choice = out.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content and choice.finish_reason == "length"
+    assert out.usage.completion_tokens == 60 and out.usage.prompt_tokens > 0
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    answer = stored(live, out.id)
+    assert answer.content == choice.message.content and answer.token_count == 60
+
+
+def test_a_streamed_completion_with_usage(live):
+    chunks = list(sdk(live).chat.completions.create(model=MODEL, messages=RICE, stream=True, user="ann",
+                                                    stream_options={"include_usage": True}, **SEEDED))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len({c.id for c in chunks}) == 1 and {c.model for c in chunks} == {MODEL}
+    assert {c.object for c in chunks} == {"chat.completion.chunk"}
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 60
+    whole = sdk(live).chat.completions.create(model=MODEL, messages=RICE, **SEEDED)
+    assert text.strip() == whole.choices[0].message.content == stored(live, chunks[0].id).content
+    # without include_usage there is no usage chunk
+    plain = list(sdk(live).chat.completions.create(model=MODEL, messages=RICE, stream=True, max_tokens=3))
+    assert all(c.choices for c in plain) and all(c.usage is None for c in plain)
+
+
+def test_stop_and_max_completion_tokens(live):
+    client = sdk(live)
+    text = client.chat.completions.create(model=MODEL, messages=RICE, **SEEDED).choices[0].message.content
+    short = client.chat.completions.create(model=MODEL, messages=RICE, max_completion_tokens=5, **SEEDED)
+    assert short.usage.completion_tokens == 5 and short.choices[0].finish_reason == "length"
+    assert text.startswith(short.choices[0].message.content)
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    cut = client.chat.completions.create(model=MODEL, messages=RICE, stop=[stop, "zzzz"], **SEEDED)
+    assert cut.choices[0].message.content == text[:text.index(stop)].strip()
+    assert cut.choices[0].finish_reason == "stop" and cut.usage.completion_tokens < 60
+    streamed = client.chat.completions.create(model=MODEL, messages=RICE, stop=stop, stream=True, **SEEDED)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices).strip() == \
+        cut.choices[0].message.content
+
+
+def test_a_client_that_goes_away_mid_stream(live):
+    client = sdk(live)
+    full = client.chat.completions.create(model=MODEL, messages=RICE, **SEEDED).choices[0].message.content
+    stream = client.chat.completions.create(model=MODEL, messages=RICE, stream=True, user="quitter", **SEEDED)
+    received, completion_id = "", None
+    for chunk in stream:
+        completion_id = chunk.id
+        received += chunk.choices[0].delta.content or ""
+        if received.strip():
+            break
+    stream.close()  # the connection is closed mid-answer
+    deadline = time.monotonic() + 60
+    answer = stored(live, completion_id)
+    while answer is None and time.monotonic() < deadline:  # the server notices at its next write
+        time.sleep(0.1)
+        answer = stored(live, completion_id)
+    assert answer is not None, "the interrupted answer was not stored"
+    assert full.startswith(answer.content) and answer.content.startswith(received.strip())
+    assert client.chat.completions.create(model=MODEL, messages=RICE, max_tokens=2).choices  # still serving
+
+
+def test_feedback_by_completion_id(live):
+    client = sdk(live, "front-a")
+    out = client.chat.completions.create(model=MODEL, messages=RICE, max_tokens=4,
+                                         extra_body={"user": {"id": "ann", "name": "Ann"}})  # Open WebUI's form
+    body = client.post("/feedback", cast_to=object, body={"completion_id": out.id, "thumb": "up", "rating": 5,
+                                                          "user": "ann"})
+    assert body["completion_id"] == out.id and body["feedback"]["thumb"] == "up" and body["feedback"]["rating"] == 5
+    with pytest.raises(openai.NotFoundError):  # a key of the same front end, but not the one that produced it
+        sdk(live, "front-b").post("/feedback", cast_to=object, body={"completion_id": out.id, "thumb": "down"})
+    with pytest.raises(openai.BadRequestError):
+        client.post("/feedback", cast_to=object, body={"completion_id": out.id, "rating": 9})
+
+
+def test_the_sdks_exceptions(live, monkeypatch):
+    with pytest.raises(openai.AuthenticationError) as wrong:
+        sdk(live, "rlhf-not-a-key").models.list()
+    assert wrong.value.status_code == 401 and wrong.value.code == "invalid_api_key"
+    doomed = sdk(live, "doomed")
+    assert doomed.models.list()
+    monkeypatch.setenv("RLHF_INSTANCE_DIR", str(live[1]))
+    assert flask_cli("revoke-api-key", "doomed").exit_code == 0  # another process revokes it
+    with pytest.raises(openai.AuthenticationError, match="revoked"):
+        doomed.models.list()
+
+    client = sdk(live)
+    for bad in ({"n": 2}, {"temperature": 3}, {"max_completion_tokens": 0}, {"stop": ["a"] * 5}):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model=MODEL, messages=RICE, **bad)
+        assert refused.value.status_code == 400 and refused.value.param == next(iter(bad))
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "assistant", "content": "Hi."}])
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="gpt-4o", messages=RICE)
+    assert missing.value.code == "model_not_found"
+
+    limited = sdk(live, "limited")  # "2 per hour"
+    assert limited.models.list() and limited.chat.completions.create(model=MODEL, messages=RICE, max_tokens=2)
+    with pytest.raises(openai.RateLimitError) as limit:
+        limited.models.list()
+    assert 0 < int(limit.value.response.headers["retry-after"]) <= 3600
+    assert client.models.list()  # the other keys have their own limits
+

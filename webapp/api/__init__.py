@@ -1,0 +1,1 @@
+"""The OpenAI-compatible API (/v1): keys, the end users behind them, completions stored as conversations."""
