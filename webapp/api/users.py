@@ -9,7 +9,6 @@ and keys. A new API user counts against the new-identity limit of its key (not o
 so one key cannot mint unlimited raters; its origin records the key the same way."""
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 
 from webapp.api.errors import ApiError
 from webapp.core.extensions import db
-from webapp.core.identity import address_hash
+from webapp.core.identity import address_hash, api_anon_id
 from webapp.core.models import IdentityOrigin, User
 from webapp.core.security import check_new_identity_limit
 
@@ -65,9 +64,7 @@ def external_user(key: KeyInfo, body: dict[str, Any], fields: tuple[str, ...] = 
     return next((value for value in named if value), None)
 
 
-def anon_id_for(client: str, external_id: str) -> str:
-    digest = hashlib.sha256(f"{client}\0{external_id}".encode("utf-8", "surrogatepass")).hexdigest()
-    return "api-" + digest[:56]
+anon_id_for = api_anon_id
 
 
 _BY_ANON_ID = db.select(User).where(User.anon_id == db.bindparam("anon_id"))

@@ -69,6 +69,14 @@ def address_hash(address: str) -> str:
     return hmac.new(key, address.encode(), hashlib.sha256).hexdigest()
 
 
+def api_anon_id(client: str, external_id: str) -> str:
+    """The ``users.anon_id`` of an end user of the /v1 API: one per (front end, its user id), so
+    the same person through any key of one client is one user (webapp/api/users.py), and the Open
+    WebUI import finds them again (webapp/training/openwebui.py)."""
+    digest = hashlib.sha256(f"{client}\0{external_id}".encode("utf-8", "surrogatepass")).hexdigest()
+    return "api-" + digest[:56]
+
+
 def current_visitor(create: bool = True) -> User | None:
     """The caller as a ``users`` row: the signed-in user (an admin, or an end user with an
     account), else the anonymous visitor named by the signed cookie (created on first use when

@@ -30,7 +30,6 @@ answer only the newest counts. Comparisons follow the same rules.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -43,6 +42,7 @@ from werkzeug.exceptions import BadRequest
 from webapp.core.feedback import save_feedback
 from webapp.core.audit import audit
 from webapp.core.extensions import db
+from webapp.core.identity import api_anon_id
 from webapp.core.models import ApiKey, Comparison, Conversation, Feedback, Message, User, utcnow
 from webapp.core.validation import MAX_COMMENT_CHARS, clip, feedback_changes
 
@@ -90,9 +90,7 @@ def load_export(raw: str | bytes) -> list:
     return data
 
 
-def api_user_anon_id(client: str, external_user_id: str) -> str:
-    """The app user the /v1 API makes of a front end's end user (``users.anon_id``)."""
-    return "api-" + hashlib.sha256(f"{client}\0{external_user_id}".encode()).hexdigest()[:56]
+api_user_anon_id = api_anon_id  # the /v1 API's end user (webapp.core.identity)
 
 
 # ---------------------------------------------------------------------------- parsing
