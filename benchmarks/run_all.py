@@ -304,6 +304,15 @@ def rows_signin(r: dict) -> list[list[str]]:
     return out
 
 
+def rows_v1_overhead(r: dict) -> list[list[str]]:
+    return [["/v1 streamed answers: tokens/s after the first token", _f(r["v1"]["stream_tokens_per_s"]),
+             f"{_f(r['page']['stream_tokens_per_s'])} (chat page)", _f(r["stream_rate_ratio"], 3), ">= 0.95",
+             _met(r["stream_rate_ratio"] >= 0.95)],
+            ["/v1 streamed answers: tokens/s over whole answers", _f(r["v1"]["tokens_per_s"]),
+             f"{_f(r['page']['tokens_per_s'])} (chat page)", _f(r["tokens_per_s_ratio"], 3), ">= 0.95",
+             _met(r["tokens_per_s_ratio"] >= 0.95)]]
+
+
 def rows_generic(r: Any) -> list[list[str]]:
     if isinstance(r, dict):
         return [[k, _f(v, 3), "–", "–", "–", "–"] for k, v in r.items() if isinstance(v, (int, float, str))][:8]
@@ -340,6 +349,8 @@ BENCHMARKS = [
               "simulated A/A and A/B experiments through the promotion policy, before and after", rows_ab_validity),
     Benchmark("signin_timing", "signin_timing.py", ["--rounds", "40"], ["--rounds", "5"], 900,
               "failed sign-ins: an unknown name vs a wrong password (admin login and end-user sign-in)", rows_signin),
+    Benchmark("v1_overhead", "v1_overhead.py", ["--runs", "100"], ["--runs", "5"], 1800,
+              "streamed answers through the /v1 API vs the chat page's stream, one server", rows_v1_overhead),
     Benchmark("closed_loop", "closed_loop.py", [], ["--preference", "polite"], 7200,
               "the whole loop with simulated users on the real server (minutes)", rows_closed_loop),
 ]
