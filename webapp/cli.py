@@ -18,7 +18,8 @@ from webapp.core.settings import ConfigError
 def init_app(app: Flask) -> None:
     from webapp.admin.auth import create_admin_command
     from webapp.api.keys import COMMANDS as api_key_commands
-    from webapp.core.backup import backup_command, restore_command
+    from webapp.core.backup import backup_command
+    from webapp.core.restore import restore_command
     from webapp.core.database_copy import copy_database_command
 
     # commands that read or write the app's tables stop when the schema is not the code's

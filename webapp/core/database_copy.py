@@ -26,7 +26,7 @@ def copy_database(target_url: str, progress: Callable[[str, int], None] = lambda
     from alembic import command
 
     from webapp.core import models  # noqa: F401 - the tables
-    from webapp.core.backup import BackupError, NOT_DATA, _target_rows
+    from webapp.core.backup import BackupError, NOT_DATA, data_rows
     from webapp.core.migrations import alembic_config
 
     try:
@@ -39,7 +39,7 @@ def copy_database(target_url: str, progress: Callable[[str, int], None] = lambda
     copied: dict[str, int] = {}
     try:
         with engine.connect() as target:
-            rows = _target_rows(target)
+            rows = data_rows(target)
             if rows:
                 raise BackupError(f"the target database is not empty ({', '.join(sorted(rows))[:200]})")
             command.upgrade(alembic_config(target), "head")

@@ -1,0 +1,231 @@
+"""``flask --app webapp restore SRC``: a backup (webapp/core/backup.py) into a new instance.
+
+Restore checks everything before it changes anything (manifest, every checksum, the schema
+revision, the database kind, an empty target), then loads the database into a temporary file or
+one PostgreSQL transaction, checks its row counts against the manifest, and only then moves it
+and the files into place. Paths that named the old instance folder are rewritten to the new one,
+and a backup from an older schema is upgraded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+from flask import current_app
+from sqlalchemy import create_engine
+from sqlalchemy.engine import Connection
+
+from webapp.core.backup import (FILES_DIR, FORMAT, MANIFEST, NOT_DATA, BackupError, data_rows, libpq_target,
+                                pg_tool, sha256, sqlite_file, table_counts)
+from webapp.core.extensions import db
+
+
+def read_manifest(src: Path) -> dict[str, Any]:
+    """The backup's manifest after checking every file against it (raises BackupError)."""
+    if not src.is_dir():
+        raise BackupError(f"{src} is not a backup folder")
+    try:
+        manifest = json.loads((src / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise BackupError(f"{src} is not a backup (no {MANIFEST})") from None
+    except (OSError, ValueError) as exc:
+        raise BackupError(f"the backup's {MANIFEST} is unreadable ({type(exc).__name__}): the backup is corrupt") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict) \
+            or not isinstance(manifest.get("database"), dict):
+        raise BackupError(f"the backup's {MANIFEST} is not a backup manifest of format {FORMAT}")
+    for rel, meta in manifest["files"].items():
+        path = (src / rel).resolve()
+        if src.resolve() not in path.parents:
+            raise BackupError(f"the manifest names a file outside the backup: {rel}")
+        if not path.is_file():
+            raise BackupError(f"the backup is incomplete: {rel} is missing")
+        if path.stat().st_size != meta.get("bytes"):
+            raise BackupError(f"the backup is damaged: {rel} has {path.stat().st_size} bytes, the manifest says "
+                              f"{meta.get('bytes')} (truncated?)")
+        if sha256(path) != meta.get("sha256"):
+            raise BackupError(f"the backup is damaged: {rel} does not match its checksum")
+    if manifest["database"].get("file") not in manifest["files"]:
+        raise BackupError("the backup's manifest names no database file")
+    return manifest
+
+
+def check_restorable(src: Path, manifest: dict[str, Any]) -> None:
+    """Refuse (BackupError) a backup this code or this instance cannot take."""
+    from webapp.core.migrations import head_revision, known_revisions
+
+    revision = manifest.get("schema_revision")
+    if revision and revision not in known_revisions():
+        raise BackupError(f"the backup's schema revision {revision} is newer than this code (newest: "
+                          f"{head_revision()}): restore it with the version that made it")
+    dialect = db.engine.url.get_backend_name()
+    if manifest["database"].get("dialect") != dialect:
+        raise BackupError(f"the backup holds a {manifest['database'].get('dialect')} database and this instance uses "
+                          f"{dialect}: restore it into a {manifest['database'].get('dialect')} instance, then copy "
+                          "(docs: moving to PostgreSQL)")
+    with db.engine.connect() as connection:
+        rows = data_rows(connection)
+    if rows:
+        listed = ", ".join(f"{n} in {t}" for t, n in sorted(rows.items())[:4])
+        raise BackupError(f"the instance is not empty ({listed}): restore into a new instance "
+                          "(RLHF_INSTANCE_DIR naming an empty folder, and an empty database)")
+    instance = Path(current_app.config["INSTANCE_DIR"])
+    for folder in ("models", "runs"):
+        if (instance / folder).is_dir() and any((instance / folder).iterdir()):
+            raise BackupError(f"the instance is not empty ({instance / folder} has files): restore into a new instance")
+
+
+def restore_instance(src: Path, progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+    """Restore the backup at ``src`` into the current app's (empty) instance; returns a summary."""
+    src = Path(src).expanduser().resolve()
+    progress("checking the backup")
+    manifest = read_manifest(src)
+    check_restorable(src, manifest)
+    instance = Path(current_app.config["INSTANCE_DIR"]).resolve()
+    expected = manifest["database"].get("counts") or {}
+    progress("database")
+    if manifest["database"]["dialect"] == "sqlite":
+        _restore_sqlite(src / manifest["database"]["file"], expected)
+    else:
+        _restore_postgres(src / manifest["database"]["file"], expected)
+    progress("model versions and training runs")
+    kept_config = _restore_files(src / FILES_DIR, instance)
+    old = manifest.get("instance_dir") or str(instance)
+    if old != str(instance):
+        _rewrite_paths(old, str(instance))
+    from webapp.core.migrations import prepare_schema, upgrade
+
+    db.session.remove()
+    before, after = upgrade()
+    prepare_schema(current_app._get_current_object())
+    return {"rows": sum(n for t, n in expected.items() if t not in NOT_DATA), "tables": len(expected),
+            "files": len(manifest["files"]), "schema": {"backup": before, "now": after},
+            "moved_from": old if old != str(instance) else None, "kept_config": kept_config}
+
+
+def _check_counts(connection: Connection, expected: dict[str, int]) -> None:
+    got = table_counts(connection)
+    wrong = {t: (got.get(t), n) for t, n in expected.items() if got.get(t) != n}
+    if wrong:
+        t, (have, want) = next(iter(wrong.items()))
+        raise BackupError(f"the restored database does not match the manifest ({t}: {have} rows, manifest {want}); "
+                          "nothing was restored")
+
+
+def _restore_sqlite(snapshot: Path, expected: dict[str, int]) -> None:
+    target = sqlite_file(db.engine.url)
+    assert target is not None
+    tmp = target.with_name(f".{target.name}.restore-{uuid.uuid4().hex[:8]}")
+    shutil.copyfile(snapshot, tmp)
+    try:
+        conn = sqlite3.connect(tmp)
+        try:
+            ok = conn.execute("PRAGMA integrity_check").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            raise BackupError(f"the backup's database is not a valid SQLite database ({exc})") from None
+        finally:
+            conn.close()
+        if ok != "ok":
+            raise BackupError(f"the backup's database fails SQLite's integrity check: {ok}")
+        engine = create_engine(f"sqlite:///{tmp}")
+        try:
+            with engine.connect() as connection:
+                _check_counts(connection, expected)
+        finally:
+            engine.dispose()
+        db.session.remove()
+        db.engine.dispose()  # this process's connections to the empty database it replaces
+        for suffix in ("-wal", "-shm", "-journal"):
+            Path(f"{target}{suffix}").unlink(missing_ok=True)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _restore_postgres(dump: Path, expected: dict[str, int]) -> None:
+    pg_restore = pg_tool("pg_restore")
+    url = db.engine.url
+    conninfo, env = libpq_target(url)
+    db.session.remove()
+    db.engine.dispose()
+    # one transaction: the empty tables the app created are replaced, or nothing changes
+    done = subprocess.run([pg_restore, "--clean", "--if-exists", "--no-owner", "--no-privileges",
+                           "--single-transaction", "--exit-on-error", f"--dbname={conninfo}", str(dump)],
+                          env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise BackupError(f"pg_restore failed, nothing was restored: {lines[-1] if lines else done.returncode}")
+    with db.engine.connect() as connection:
+        _check_counts(connection, expected)
+
+
+def _restore_files(root: Path, instance: Path) -> list[str]:
+    """Copy the backup's instance files in; an instance's own config files are kept (they may
+    name this instance's database). Returns the config files kept."""
+    kept = []
+    instance.mkdir(parents=True, exist_ok=True)
+    if not root.is_dir():
+        return kept
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        target = instance / rel
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        if len(rel.parts) == 1 and rel.name in ("config.py", "config.toml") and target.exists():
+            kept.append(rel.name)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    return kept
+
+
+def _replace_in(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, str):
+        return new + value[len(old):] if value == old or value.startswith(old + "/") else value
+    if isinstance(value, dict):
+        return {k: _replace_in(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_in(v, old, new) for v in value]
+    return value
+
+
+def _rewrite_paths(old: str, new: str) -> None:
+    """Paths under the backup's instance folder, in the rows and files that hold them, now name
+    the restored instance (model versions, reward models, adapters' bases)."""
+    from webapp.core.models import AnswerScore, ModelVersion, TrainingRun
+
+    for version in db.session.scalars(db.select(ModelVersion)):
+        version.path = _replace_in(version.path, old, new)
+        version.metrics = _replace_in(version.metrics, old, new)
+        version.config = _replace_in(version.config, old, new)
+        meta_file = Path(version.path) / "version.json"
+        if meta_file.is_file():
+            meta = json.loads(meta_file.read_text())
+            meta_file.write_text(json.dumps(_replace_in(meta, old, new), indent=2))
+    for run in db.session.scalars(db.select(TrainingRun)):
+        run.metrics = _replace_in(run.metrics, old, new)
+        run.config = _replace_in(run.config, old, new)
+    for score in db.session.scalars(db.select(AnswerScore).filter(AnswerScore.reward_model.startswith(old + "/"))):
+        score.reward_model = _replace_in(score.reward_model, old, new)
+    db.session.commit()
+
+
+@click.command("restore")
+@click.argument("src", type=click.Path(file_okay=False, path_type=Path))
+def restore_command(src: Path) -> None:
+    """Restore the backup folder SRC into this instance (RLHF_INSTANCE_DIR), which must be new:
+    empty, or holding only the empty database the app makes on start. Stop the app first."""
+    summary = restore_instance(src, progress=lambda m: click.echo(f"  {m}...", err=True))
+    click.echo(f"Restored {summary['rows']} rows in {summary['tables']} tables and {summary['files']} files into "
+               f"{current_app.config['INSTANCE_DIR']}"
+               + (f" (paths moved from {summary['moved_from']})" if summary["moved_from"] else ""))
+    if summary["kept_config"]:
+        click.echo(f"  kept this instance's own {', '.join(summary['kept_config'])} (the backup's copy is in "
+                   f"{Path(src) / FILES_DIR})", err=True)
