@@ -192,6 +192,9 @@ def seed_dashboard(app, model_dir: Path, instance: Path) -> None:
         used.request_count, used.last_used_at = 1234, now - timedelta(minutes=3)
         create_api_key("notebook-sdk", rate_limit="60 per minute")
         revoke_api_key(create_api_key("old-librechat", client="librechat")[0])
+
+        for event in db.session.scalars(db.select(AuditEvent).filter(AuditEvent.action.like("api_key_%"))):
+            event.created_at = now - timedelta(minutes=30)  # the promote (4 min ago) stays the latest event
         db.session.commit()
 
 
