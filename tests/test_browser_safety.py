@@ -48,22 +48,29 @@ def test_a_blocked_answer_never_appears_in_the_page(browser, rail_server):
         new MutationObserver(note).observe(document.getElementById('messages'),
             {subtree: true, childList: true, characterData: true});
     }""")
-    page.fill("#composer-input", "How do I cook rice?")
-    page.keyboard.press("Enter")
-    page.locator(".assistant-message:not(.pending) .thumb-up").first.wait_for()
-    page.locator(".streaming").first.wait_for(state="detached")
+    # The micro model now and then ends an answer before its first token (greedy, it always does):
+    # an empty answer has nothing to block, so ask again until one has text.
+    for asked in range(10):
+        page.fill("#composer-input", "How do I cook rice?")
+        page.keyboard.press("Enter")
+        page.locator(".assistant-message:not(.pending) .thumb-up").nth(asked).wait_for()
+        page.locator(".streaming").first.wait_for(state="detached")
+        if page.locator(".assistant-message .content").nth(asked).inner_text().strip():
+            break
     shown = page.evaluate("window.__shown")
     assert shown and all(not any("a" <= c <= "z" for c in text) for text in shown), shown
-    assert page.locator(".assistant-message .content").first.inner_text().strip() == REFUSAL
+    assert page.locator(".assistant-message .content").last.inner_text().strip() == REFUSAL
     page.reload()
     page.wait_for_selector("body.ready")
-    page.locator(".assistant-message .content").first.wait_for()
-    assert page.locator(".assistant-message .content").first.inner_text().strip() == REFUSAL
+    page.locator(".assistant-message .content").nth(asked).wait_for()
+    assert page.locator(".assistant-message .content").last.inner_text().strip() == REFUSAL
     context.close()
     assert errors == []
     app = make_app(instance)
     with app.app_context():
-        answer = db.session.scalars(db.select(Message).filter_by(role="assistant")).one()
+        answers = db.session.scalars(db.select(Message).filter_by(role="assistant").order_by(Message.id)).all()
+        assert [a.content for a in answers[:-1]] == [""] * asked
+        answer = answers[-1]
         row = db.session.scalars(db.select(RailIntervention)).one()
         assert answer.content == REFUSAL and row.message_id == answer.id and row.reason == "pattern: [a-z]"
         assert any("a" <= c <= "z" for c in row.blocked_text)  # what the model wrote, for admins
