@@ -1,0 +1,1 @@
+"""Rater trust: how much each rater's feedback counts, estimated from agreement between raters."""
