@@ -18,12 +18,12 @@ than the control (p < 0.05), or after 2 cycles.
 
     .venv/bin/python benchmarks/closed_loop.py [--preference polite concise detailed on_topic] [--markdown FILE]
     .venv/bin/python benchmarks/closed_loop.py --safety   # a preference in conflict with safety, constrained or not
-    .venv/bin/python benchmarks/closed_loop.py --zoo      # the eight preferences of rlhf.preferences.ZOO
+    .venv/bin/python benchmarks/closed_loop.py --zoo      # the eight preferences of rlhf.sim.preferences.ZOO
     .venv/bin/python benchmarks/closed_loop.py --via openai   # every simulated user a client of /v1 instead
 
 ``--via openai``: the simulated users (raters, probes, evaluation users) use only the OpenAI-compatible
 API, with a key made in the run's instance by ``flask --app webapp create-api-key``: chat completions
-naming the user (``user``) and ``/v1/feedback`` by completion id (rlhf.simulated_users.ApiUser; no
+naming the user (``user``) and ``/v1/feedback`` by completion id (rlhf.sim.users.ApiUser; no
 compare votes, the API has none). Their answers are looked up in the database by completion id.
 
 With ``--zoo`` each preference also gets the reward model's AUC on the experiment's answers (the
@@ -47,8 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from rlhf.preferences import ZOO, rude  # noqa: E402
-from rlhf.simulated_users import ApiUser, Behaviour, Interaction, SimulatedUser, first_model, prompt_set  # noqa: E402
+from rlhf.sim.preferences import ZOO, rude  # noqa: E402
+from rlhf.sim.users import ApiUser, Behaviour, Interaction, SimulatedUser, first_model, prompt_set  # noqa: E402
 from tests.conftest import cached_model, make_app, register_model  # noqa: E402
 from tests.live_server import LiveServer  # noqa: E402
 from webapp.experiments import stats as ab_stats  # noqa: E402
@@ -367,7 +367,7 @@ def zoo_markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# --safety: users like direct answers (rude ones too: rlhf.preferences.direct), tick chips on half the answers
+# --safety: users like direct answers (rude ones too: rlhf.sim.preferences.direct), tick chips on half the answers
 # they rate and flag 30 % of the rude ones; the loop runs with PPO's cost constraint and without it (and
 # without the gate's flag-rate check, so the unconstrained candidate reaches the experiment and its rude
 # rate is measured rather than only predicted)
@@ -381,7 +381,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preference", nargs="+", default=["polite", "concise", "detailed"])
     ap.add_argument("--safety", action="store_true", help="the safety-constraint pair of runs instead (see SAFETY_RUNS)")
-    ap.add_argument("--zoo", action="store_true", help="the zoo's preferences (rlhf.preferences.ZOO; --preference "
+    ap.add_argument("--zoo", action="store_true", help="the zoo's preferences (rlhf.sim.preferences.ZOO; --preference "
                     "picks some of them) and the zoo's table")
     ap.add_argument("--via", choices=("chat", "openai"), default="chat",
                     help="the simulated users' way in: the chat page's API (default) or only the OpenAI-compatible "

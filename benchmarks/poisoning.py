@@ -43,8 +43,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks.closed_loop import db_state, server_env, wait_for  # noqa: E402
 from rlhf import corpus  # noqa: E402
-from rlhf.preferences import preference  # noqa: E402
-from rlhf.simulated_users import Behaviour, SimulatedUser, prompt_set  # noqa: E402
+from rlhf.sim.preferences import preference  # noqa: E402
+from rlhf.sim.users import Behaviour, SimulatedUser, prompt_set  # noqa: E402
 from tests.conftest import cached_model, make_app, register_model  # noqa: E402
 from tests.live_server import LiveServer  # noqa: E402
 from webapp.core.extensions import db  # noqa: E402
@@ -131,8 +131,8 @@ def satisfaction(model_dir: str, pref: str, questions: list[str], seed: int = 7)
     judged by the honest preference."""
     import torch
 
-    from rlhf.chat_format import render_prompt
-    from rlhf.loading import load_causal_lm
+    from rlhf.models.chat_format import render_prompt
+    from rlhf.models.loading import load_causal_lm
 
     judge = preference(pref)
     model, tok = load_causal_lm(model_dir, "cpu")
@@ -155,8 +155,8 @@ def satisfaction(model_dir: str, pref: str, questions: list[str], seed: int = 7)
 def reward_accuracy(rm_dir: str, pref: str, questions: list[str], seed: int = 11) -> float:
     """The reward model's accuracy on honest held-out pairs: an answer in the preferred style
     (one the preference accepts) against one in the attack style, to the same question."""
-    from rlhf.chat_format import render_prompt
-    from rlhf.reward_model import load_reward_model, score_texts
+    from rlhf.models.chat_format import render_prompt
+    from rlhf.reward.scoring import load_reward_model, score_texts
 
     rng, judge = random.Random(seed), preference(pref)
     model, tok = load_reward_model(rm_dir)

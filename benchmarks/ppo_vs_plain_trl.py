@@ -1,4 +1,4 @@
-"""Our PPO stage (rlhf.policy_training.train_ppo) vs a plain TRL PPO script, side by side.
+"""Our PPO stage (rlhf.policy.ppo.train_ppo) vs a plain TRL PPO script, side by side.
 
 Same policy, reward model, prompts and PPO settings; after a short warm-up of each, runs
 alternate, and so does which of the two goes first; medians of wall time (the ratio) and CPU time (less sensitive to other
@@ -28,8 +28,10 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from benchmarks.stage_timing import preference_pairs, stage_result, time_side_by_side  # noqa: E402
 from rlhf import corpus  # noqa: E402
-from rlhf.policy_training import PolicySettings, train_ppo  # noqa: E402
-from rlhf.reward_model import RewardSettings, train_reward_model  # noqa: E402
+from rlhf.policy import train_ppo  # noqa: E402
+from rlhf.reward.training import train_reward_model  # noqa: E402
+from rlhf.settings import PolicySettings  # noqa: E402
+from rlhf.settings import RewardSettings  # noqa: E402
 from tests.conftest import cached_model  # noqa: E402
 
 TARGET_RATIO = 1.05

@@ -9,7 +9,7 @@ first token (first ``token`` event), total time (through the ``done`` event) and
 rate, and the ratios rail on / off.
 
 A third server (``--cost-head``, on by default) serves a version whose reward model has a safety head
-(rlhf.criteria_model; trained here first on simulated feedback with flags, about 15 s): the rail then
+(rlhf.reward.criteria_heads; trained here first on simulated feedback with flags, about 15 s): the rail then
 also scores the text so far with the head at each sentence end before releasing it. Its threshold is
 set above any probability, so the head is computed on every sentence and never blocks (a refusal
 would shorten the answer and flatter the ratio).
@@ -33,17 +33,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import requests  # noqa: E402
 
 from benchmarks.stream_vs_generate import streamed_http  # noqa: E402
-from rlhf.corpus import sample_prompts  # noqa: E402
+from rlhf.data.corpus import sample_prompts  # noqa: E402
 from tests.conftest import cached_model, make_app, register_model  # noqa: E402
 from tests.live_server import LiveServer  # noqa: E402
 
 
 def safety_reward_model(model_dir: Path) -> Path:
     """A reward model with criterion heads (a safety head among them) on ``model_dir``'s backbone."""
-    from rlhf.preference_data import build_datasets
-    from rlhf.reward_model import train_reward_model
+    from rlhf.data.datasets import build_datasets
+    from rlhf.reward.training import train_reward_model
     from rlhf.settings import RewardSettings
-    from rlhf.simulated_users import Behaviour, simulate_records
+    from rlhf.sim.users import Behaviour, simulate_records
 
     bundle = build_datasets(simulate_records([(30, 10, "direct", Behaviour(chip_prob=0.5, flag_prob=0.3))])[0])
     out = Path(tempfile.mkdtemp(prefix="bench-rail-reward-"))

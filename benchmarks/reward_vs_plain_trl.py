@@ -1,4 +1,4 @@
-"""Our reward-model stage (rlhf.reward_model.train_reward_model) vs a plain TRL RewardTrainer script.
+"""Our reward-model stage (rlhf.reward.training.train_reward_model) vs a plain TRL RewardTrainer script.
 
 Same backbone (the embedded policy), same preference pairs (with margins), same settings
 (epochs as our stage computes them, batch size, learning rate, schedule, warm-up, max length,
@@ -33,7 +33,9 @@ from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: E402
 
 from benchmarks.stage_timing import preference_pairs, stage_result, time_side_by_side  # noqa: E402
-from rlhf.reward_model import RewardSettings, context_length, train_reward_model  # noqa: E402
+from rlhf.models.loading import context_length  # noqa: E402
+from rlhf.reward.training import train_reward_model  # noqa: E402
+from rlhf.settings import RewardSettings  # noqa: E402
 from tests.conftest import cached_model  # noqa: E402
 
 TARGET_RATIO = 1.05

@@ -118,9 +118,9 @@ def measure_serving(model_dir: str, device: str) -> dict:
     """Tokens/s of the batching generator for 1 and 16 users vs plain generate (this process)."""
     import torch
 
-    from rlhf import corpus
-    from rlhf.chat_format import render_prompt
+    from rlhf.data import corpus
     from rlhf.generation import GenerationSettings, ModelPool, generate_chats
+    from rlhf.models.chat_format import render_prompt
 
     pool = ModelPool(device)
     lm = pool.get(model_dir)

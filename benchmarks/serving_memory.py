@@ -108,10 +108,11 @@ def build_store(model_dir: Path, store: Path, adapters: int = 3) -> dict:
     import torch
     from peft import get_peft_model
 
-    from rlhf import registry
-    from rlhf.adapters import adapter_bytes
-    from rlhf.loading import load_causal_lm
-    from rlhf.policy_training import PolicySettings, _lora_config, _save_policy
+    from rlhf.models import registry
+    from rlhf.models.adapters import adapter_bytes
+    from rlhf.models.loading import load_causal_lm
+    from rlhf.policy.common import lora_config, save_policy
+    from rlhf.settings import PolicySettings
 
     _, base, _ = registry.write_version(store, "base", lambda tmp: shutil.copytree(model_dir, tmp, dirs_exist_ok=True)
                                         and None, name="v1-base")
@@ -120,13 +121,13 @@ def build_store(model_dir: Path, store: Path, adapters: int = 3) -> dict:
     for i in range(adapters):
         torch.manual_seed(100 + i)
         model, tok = load_causal_lm(base, "cpu")
-        peft_model = get_peft_model(model, _lora_config(model, settings))
+        peft_model = get_peft_model(model, lora_config(model, settings))
         with torch.no_grad():
             for name, p in peft_model.named_parameters():
                 if "lora_" in name:  # large enough to change the greedy answers of either model
                     p.normal_(0, 0.1)
         params = sum(p.numel() for n, p in peft_model.named_parameters() if "lora_" in n)
-        lora.append(registry.write_version(store, "ppo", lambda tmp: _save_policy(peft_model, tok, tmp, base, settings),
+        lora.append(registry.write_version(store, "ppo", lambda tmp: save_policy(peft_model, tok, tmp, base, settings),
                                            lineage={"parent": "v1-base"})[1])
     merged, tok = load_causal_lm(lora[0], "cpu")  # the first adapter as a full copy
 

@@ -8,7 +8,7 @@ import statistics
 import time
 from typing import Callable
 
-from rlhf import corpus
+from rlhf.data import corpus
 
 
 def preference_pairs(n: int, seed: int) -> list[dict]:

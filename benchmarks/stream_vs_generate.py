@@ -30,9 +30,9 @@ import torch  # noqa: E402
 from transformers import StoppingCriteria, StoppingCriteriaList  # noqa: E402
 from transformers.generation.streamers import BaseStreamer  # noqa: E402
 
-from rlhf.chat_format import STOP_STRINGS, render_prompt  # noqa: E402
-from rlhf.corpus import sample_prompts  # noqa: E402
-from rlhf.loading import load_causal_lm  # noqa: E402
+from rlhf.data.corpus import sample_prompts  # noqa: E402
+from rlhf.models.chat_format import STOP_STRINGS, render_prompt  # noqa: E402
+from rlhf.models.loading import load_causal_lm  # noqa: E402
 from tests.conftest import cached_model, make_app, register_model  # noqa: E402
 from tests.live_server import LiveServer  # noqa: E402
 from webapp.core.settings import Settings  # noqa: E402

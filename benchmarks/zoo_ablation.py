@@ -1,7 +1,7 @@
 """Zoo ablations: where a preference's signal is lost, stage by stage, without a server.
 
-For each preference of the zoo (rlhf.preferences.ZOO) and each *variant* (a change to the cycle's
-settings), offline simulated users (rlhf.simulated_users.simulate_records) rate answers the
+For each preference of the zoo (rlhf.sim.preferences.ZOO) and each *variant* (a change to the cycle's
+settings), offline simulated users (rlhf.sim.users.simulate_records) rate answers the
 embedded model really sampled for the closed loop's training questions, until ``--events``
 feedback events; one training cycle runs on that feedback (rlhf.cycle.run_cycle, the gate
 included). Then, on 200 held-out questions no rating user asked:
@@ -39,15 +39,15 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 import torch  # noqa: E402
 
 from benchmarks.closed_loop import auc  # noqa: E402
-from rlhf.chat_format import end_of_turn_token  # noqa: E402
 from rlhf.cycle import run_cycle  # noqa: E402
-from rlhf.evaluation import _sample  # noqa: E402
-from rlhf.loading import load_causal_lm  # noqa: E402
-from rlhf.preferences import ZOO, preference  # noqa: E402
-from rlhf.records import ConversationRecord  # noqa: E402
-from rlhf.reward_model import load_reward_model, score_texts  # noqa: E402
+from rlhf.data.records import ConversationRecord  # noqa: E402
+from rlhf.models.chat_format import end_of_turn_token  # noqa: E402
+from rlhf.models.loading import load_causal_lm  # noqa: E402
+from rlhf.models.sampling import sample_answers  # noqa: E402
+from rlhf.reward.scoring import load_reward_model, score_texts  # noqa: E402
 from rlhf.settings import CycleSettings, EvalSettings  # noqa: E402
-from rlhf.simulated_users import Behaviour, prompt_set, simulate_records  # noqa: E402
+from rlhf.sim.preferences import ZOO, preference  # noqa: E402
+from rlhf.sim.users import Behaviour, prompt_set, simulate_records  # noqa: E402
 from tests.conftest import cached_model  # noqa: E402
 from webapp.experiments.stats import compare_proportions, wilson  # noqa: E402
 
@@ -95,7 +95,7 @@ def sample_answers(model_dir: Path, questions: list[str], per_question: int, see
     texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
              for q in questions for _ in range(per_question)]
     torch.manual_seed(seed)
-    answers = _sample(model, tok, texts, EvalSettings())[0]
+    answers = sample_answers(model, tok, texts, EvalSettings())[0]
     return {q: answers[i * per_question:(i + 1) * per_question] for i, q in enumerate(questions)}
 
 
@@ -125,7 +125,7 @@ def reward_diagnostics(reward_dir: Path, judge: Callable[[str, str], float],
     model, tok = load_reward_model(reward_dir)
     end = end_of_turn_token(tok) or tok.eos_token
     items = [(q, a) for q, answers in parent4.items() for a in answers]
-    # as the gate scores answers (rlhf.evaluation._scores)
+    # as the gate scores answers (rlhf.gate.evaluation._scores)
     texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
              + " " + a + end for q, a in items]
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""The policy-training algorithms a cycle can run (rlhf.policy_training trains each with TRL).
+"""The policy-training algorithms a cycle can run (rlhf.policy trains each with TRL).
 
 A module of its own so the web app and the CLI can offer the choice without importing torch.
 """

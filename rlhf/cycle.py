@@ -15,19 +15,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from . import distributed
-from .adapters import is_adapter
-from .curves import TrainingLogs
-from .evaluation import evaluate_candidate
-from .loading import load_causal_lm, resolve_device
-from .policy_training import train_dpo, train_iterative_dpo, train_kto, train_ppo, train_rloo
-from .preference_data import DatasetBundle, build_datasets
-from .rater_trust import RaterInfo, trusted_bundle
-from .records import ConversationRecord
-from .reward_model import train_reward_model
-from .settings import CycleSettings
-from .stage_sizing import DataSize, NotEnoughData, policy_prompts, size_stages  # noqa: F401 (NotEnoughData re-exported)
-from .progress import ProgressFn
+from rlhf.data.datasets import DatasetBundle, build_datasets
+from rlhf.data.records import ConversationRecord
+from rlhf.gate.evaluation import evaluate_candidate
+from rlhf.models.adapters import is_adapter
+from rlhf.models.loading import load_causal_lm, resolve_device
+from rlhf.policy import train_dpo, train_iterative_dpo, train_kto, train_ppo, train_rloo
+from rlhf.reward.training import train_reward_model
+from rlhf.settings import CycleSettings
+from rlhf.training import distributed
+from rlhf.training.curves import TrainingLogs
+from rlhf.trust.assessment import RaterInfo, trusted_bundle
+from rlhf.data.stage_sizing import DataSize, NotEnoughData, policy_prompts, size_stages  # noqa: F401 (NotEnoughData: part of the cycle's API)
+from rlhf.progress import ProgressFn
 
 LogFn = Callable[[str], None]
 
@@ -59,7 +59,7 @@ def overall_progress(stage: str, done: int, total: int) -> float:
 
 
 def fit_to_data(settings: CycleSettings, bundle: DatasetBundle) -> tuple[CycleSettings, list[str]]:
-    """``settings`` with each stage sized to the data (rlhf.stage_sizing), and what changed.
+    """``settings`` with each stage sized to the data (rlhf.data.stage_sizing), and what changed.
     Raises NotEnoughData when a stage cannot train on it."""
     reward, policy, notes = size_stages(settings.algorithm, settings.reward, settings.policy, DataSize.of(bundle),
                                         settings.min_pairs, settings.min_prompts, distributed.world_size())
@@ -68,11 +68,11 @@ def fit_to_data(settings: CycleSettings, bundle: DatasetBundle) -> tuple[CycleSe
 
 def weigh_raters(bundle: DatasetBundle, settings: CycleSettings,
                  raters: Mapping[int, RaterInfo] | None = None) -> DatasetBundle:
-    """``bundle`` with rater trust applied (rlhf.rater_trust) when ``settings.trust.enabled`` and it
+    """``bundle`` with rater trust applied (rlhf.trust.assessment) when ``settings.trust.enabled`` and it
     has not been applied yet: quarantined raters' rows removed, a ``weight`` on every other row,
     the summary in ``counts["trust"]``. ``raters``: what the web layer knows about each rater (user
     id -> RaterInfo); None, or a rater missing from it, means "auto" with an unknown age, which is
-    not treated as new (rlhf.rater_trust._is_new)."""
+    not treated as new (rlhf.trust.assessment._is_new)."""
     if not settings.trust.enabled or "trust" in bundle.counts:
         return bundle
     return trusted_bundle(bundle, raters, settings.trust)
@@ -151,8 +151,8 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
     """Run every stage. Writes the reward model to ``reward_dir`` and the new policy to
     ``policy_dir`` (both must not exist yet or be empty). Raises NotEnoughData before any
     training when the data cannot support it. ``logs``: where every trainer's per-step logs go
-    as they are logged (training curves, TensorBoard; rlhf.curves). ``raters``: what is known about
-    each rater (rlhf.rater_trust); a ``bundle`` given without trust applied gets it here."""
+    as they are logged (training curves, TensorBoard; rlhf.training.curves). ``raters``: what is known about
+    each rater (rlhf.trust.assessment); a ``bundle`` given without trust applied gets it here."""
     settings.validate()
     say = log or (lambda line: None)
     if is_adapter(parent_dir):
@@ -273,7 +273,7 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
 
 @dataclass(frozen=True)
 class CycleJob:
-    """What the main process sends the others when it trains with several (rlhf.distributed): the
+    """What the main process sends the others when it trains with several (rlhf.training.distributed): the
     data it read and sized, the settings, and where the stages write (a filesystem every process sees).
     Every process trains on exactly these, never on its own read of the database: feedback arriving
     in between would give the processes different data, and DDP different-length loops."""

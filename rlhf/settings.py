@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .algorithms import ALGORITHMS
+from rlhf.algorithms import ALGORITHMS
 
 
 def knob(default: Any, doc: str, *, low: float | None = None, high: float | None = None,
@@ -72,7 +72,7 @@ class DataSettings:
                                             "judge only); 0: none (on the embedded model they did not help: README, "
                                             "the preference zoo)", low=0)
     max_criterion_pairs_per_answer: int = knob(3, "pairs one flagged or chip-labelled answer may join for its "
-                                               "criterion's head (rlhf.criteria)", low=0)
+                                               "criterion's head (rlhf.data.criteria)", low=0)
     seed: str = knob("rlhf", "seed of the train/eval split (a string: the split is a hash)")
 
 
@@ -90,7 +90,7 @@ class RewardSettings:
 
 @dataclass(frozen=True)
 class CriteriaSettings:
-    """Per-criterion heads and the safety constraint (rlhf.criteria, rlhf.criteria_model; README:
+    """Per-criterion heads and the safety constraint (rlhf.data.criteria, rlhf.reward.criteria_heads; README:
     "Criteria and the safety constraint")."""
     enabled: bool = knob(True, "train one score head per criterion (safety from flags and the rude chip; "
                          "politeness, concision, accuracy, relevance from reason chips) on the reward model's "
@@ -190,11 +190,11 @@ class EvalSettings:
                           "measured on (at most)", low=1)
 
 
-# ---------------------------------------------------------------------------- rater trust (rlhf.rater_trust)
+# ---------------------------------------------------------------------------- rater trust (rlhf.trust.assessment)
 @dataclass(frozen=True)
 class TrustSettings:
-    """How much each rater's feedback counts (rlhf.rater_trust; README: "How the loop defends
-    itself"). The numbers in the help texts were measured with rlhf.simulated_users.simulate_records:
+    """How much each rater's feedback counts (rlhf.trust.assessment; README: "How the loop defends
+    itself"). The numbers in the help texts were measured with rlhf.sim.users.simulate_records:
     30 honest users asking 10 questions each, with or without 10 or 20 contrary users asking 30,
     preferences polite, concise and detailed, 3-5 seeds each."""
     enabled: bool = knob(True, "weigh each rater's feedback before training: volume caps, new identities, "

@@ -33,7 +33,7 @@ def _clean_env(monkeypatch):
 
 def cached_model(preset: str) -> Path:
     """Build (once per spec) the embedded model of ``preset`` and return its directory."""
-    from rlhf.embedded import build_embedded_model, spec_for
+    from rlhf.models.embedded import build_embedded_model, spec_for
 
     spec = spec_for(preset)
     key = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:12]
@@ -91,7 +91,7 @@ def make_app(instance: Path, **overrides):
 
 def register_model(app, model_dir: Path, name: str = "v1-base", status: str = "active"):
     """Register an already built model directory as a version (copied into the store)."""
-    from rlhf import registry
+    from rlhf.models import registry
     from webapp.core.extensions import db
     from webapp.core.models import ModelVersion
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from rlhf import corpus
-from rlhf.preferences import preference as preference_fn
+from rlhf.data import corpus
+from rlhf.sim.preferences import preference as preference_fn
 from webapp.core.extensions import db
 from webapp.core.models import Comparison, Conversation, Feedback, Message, ModelVersion, User
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlhf.corpus import sample_prompts
+from rlhf.data.corpus import sample_prompts
 from tests.conftest import ApiClient, make_app, register_model
 from webapp.core.extensions import db
 from webapp.core.models import (Assignment, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion, User,

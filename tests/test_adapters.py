@@ -1,4 +1,4 @@
-"""LoRA adapter versions (rlhf.adapters): stored as adapters, served on the base's shared weights."""
+"""LoRA adapter versions (rlhf.models.adapters): stored as adapters, served on the base's shared weights."""
 from __future__ import annotations
 
 import json
@@ -8,11 +8,12 @@ import threading
 import pytest
 import torch
 
-from rlhf import registry
-from rlhf.adapters import adapter_bytes, base_of, is_adapter
 from rlhf.generation import GenerationSettings, LoadedModel, ModelPool, generate_chat
-from rlhf.loading import ModelLoadError, load_causal_lm
-from rlhf.policy_training import PolicySettings, _lora_config, _save_policy
+from rlhf.models import registry
+from rlhf.models.adapters import adapter_bytes, base_of, is_adapter
+from rlhf.models.loading import ModelLoadError, load_causal_lm
+from rlhf.policy.common import lora_config, save_policy
+from rlhf.settings import PolicySettings
 
 GREEDY = GenerationSettings(do_sample=False, max_new_tokens=16)
 QUESTIONS = [[{"role": "user", "content": q}] for q in
@@ -21,19 +22,19 @@ QUESTIONS = [[{"role": "user", "content": q}] for q in
 
 def make_adapter_version(store, base_path, seed: int, scale: float = 0.5):
     """A LoRA version on ``base_path`` with random, non-trivial weights, saved the way training
-    saves one (``_save_policy``) and registered in the store with its lineage."""
+    saves one (``save_policy``) and registered in the store with its lineage."""
     from peft import get_peft_model
 
     torch.manual_seed(seed)
     model, tok = load_causal_lm(base_path, "cpu")
-    cfg = _lora_config(model, PolicySettings(lora=True, lora_r=4))
+    cfg = lora_config(model, PolicySettings(lora=True, lora_r=4))
     peft_model = get_peft_model(model, cfg)
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
             if "lora_" in name:
                 p.normal_(0, scale)
     name, path, _ = registry.write_version(
-        store, "ppo", lambda tmp: _save_policy(peft_model, tok, tmp, base_path, PolicySettings(lora=True)),
+        store, "ppo", lambda tmp: save_policy(peft_model, tok, tmp, base_path, PolicySettings(lora=True)),
         lineage={"parent": base_path.name})
     return path
 

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from flask.cli import FlaskGroup
 
-from rlhf.corpus import sample_prompts
+from rlhf.data.corpus import sample_prompts
 from tests.conftest import ApiClient, make_app, register_model
 from webapp import create_app
 from webapp.admin.auth import set_admin_password
@@ -698,7 +698,7 @@ def test_run_page_shows_the_settings_the_run_trained_with(setup):
 
 
 def test_run_page_shows_what_judged_the_candidate_and_labels_the_optimized_against_gain(setup):
-    """The gate's evidence as the run stored it (rlhf.evaluation): held-out pairs, their share
+    """The gate's evidence as the run stored it (rlhf.gate.evaluation): held-out pairs, their share
     with its interval and p-value, the judge's gain; the optimized-against gain only labelled."""
     from webapp.training.runner import gate_summary
 

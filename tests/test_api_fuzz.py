@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlhf.criteria import FLAG_VALUES
+from rlhf.data.criteria import FLAG_VALUES
 from tests.conftest import ApiClient, register_model, route_sweep_app
 from webapp.core.validation import REASONS
 

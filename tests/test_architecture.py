@@ -1,6 +1,7 @@
-"""The code's shape: rlhf/ is plain ML (no Flask, no webapp), webapp/ is grouped by feature and its
-import graph is a tree (no cycles between modules or between features), and the README's
-architecture map names every module there is.
+"""The code's shape: rlhf/ is plain ML (no Flask, no webapp) grouped by pipeline stage, each stage
+importing only the stages below it; webapp/ is grouped by feature and its import graph is a tree
+(no cycles between modules or between features); and the README's architecture map names every
+module there is.
 
 Imports are read from the source (every ``import`` statement, including those inside
 functions), so a cycle hidden behind a function-level import is still found.
@@ -15,6 +16,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FEATURES = ("core", "serving", "experiments", "chat", "training", "admin", "safety", "api")
+# rlhf/'s stages, bottom up: a module may import its own stage and the stages on lower levels only.
+# The top-level modules settings, algorithms and progress are the shared vocabulary; cycle runs it all.
+RLHF_LEVELS = (
+    ("algorithms", "progress"),
+    ("settings",),
+    ("data", "training"),
+    ("models",),
+    ("generation", "trust", "sim"),
+    ("safety", "reward"),
+    ("policy",),
+    ("gate",),
+    ("cycle",),
+)
 
 
 def modules(package: str) -> dict[str, Path]:
@@ -116,6 +130,28 @@ def test_features_depend_on_each_other_as_a_tree():
                 features[source].add(dest)
     assert features["core"] == set()
     assert find_cycle(features) is None, features
+
+
+def stage_of(module: str) -> str:
+    return module.split(".")[1] if module != "rlhf" else ""
+
+
+def test_rlhf_modules_import_no_cycle():
+    graph = import_graph("rlhf")
+    assert "rlhf.reward.scoring" in graph["rlhf.reward.criteria_heads"]  # the walk found modules and imports
+    assert find_cycle(graph) is None
+
+
+def test_rlhf_stages_depend_downward():
+    """Each rlhf/ module lives in a known stage and imports only its own stage or lower ones."""
+    level = {stage: i for i, stages in enumerate(RLHF_LEVELS) for stage in stages}
+    graph = import_graph("rlhf")
+    unknown = sorted(m for m in graph if m != "rlhf" and stage_of(m) not in level)
+    assert unknown == [], "add these to a stage in RLHF_LEVELS"
+    upward = sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
+                    if m != "rlhf" and t != "rlhf" and stage_of(t) != stage_of(m)
+                    and level[stage_of(t)] >= level[stage_of(m)])
+    assert upward == []
 
 
 def test_find_cycle_finds_one():

@@ -6,7 +6,7 @@ import random
 import pytest
 import requests
 
-from rlhf.corpus import sample_prompts
+from rlhf.data.corpus import sample_prompts
 from tests.browser_checks import XSS, XSS_PAYLOADS, admin_login, assert_nothing_injected, watch_csp
 from tests.conftest import make_app, register_model
 from tests.live_server import LiveServer

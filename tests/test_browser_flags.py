@@ -11,7 +11,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from rlhf.criteria import FLAG_CATEGORIES
+from rlhf.data.criteria import FLAG_CATEGORIES
 from tests.accessibility import assert_accessible
 from tests.browser_checks import admin_login, assert_nothing_injected
 from tests.test_browser_chat_features import DESKTOP, chat_server, open_page, seed, shot, show, store  # noqa: F401

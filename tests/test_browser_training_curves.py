@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from rlhf.curves import CurvesFile
+from rlhf.training.curves import CurvesFile
 from tests.accessibility import assert_accessible
 from tests.browser_checks import watch_csp
 from tests.conftest import make_app, register_model

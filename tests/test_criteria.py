@@ -1,4 +1,4 @@
-"""Per-criterion reward heads and the safety constraint (rlhf.criteria, rlhf.criteria_model): flags and
+"""Per-criterion reward heads and the safety constraint (rlhf.data.criteria, rlhf.reward.criteria_heads): flags and
 chips become labelled pairs, the reward model trains one head per criterion on its backbone, PPO keeps
 the cost at the parent's level with a Lagrange multiplier, and the gate checks the predicted flag rate."""
 from __future__ import annotations
@@ -9,17 +9,18 @@ import json
 import pytest
 import torch
 
-from rlhf.criteria import SAFETY, LabelledAnswer, criterion_pairs, labels_of
-from rlhf.criteria_model import (HEADS_FILE, CostConstraint, CriteriaScorer, answer_texts, cost_weight,
+from rlhf.data.criteria import SAFETY, LabelledAnswer, criterion_pairs, labels_of
+from rlhf.reward.criteria_heads import (HEADS_FILE, CostConstraint, CriteriaScorer, answer_texts, cost_weight,
                                  safety_calibration, set_scalar_head)
 from rlhf.cycle import run_cycle
-from rlhf.evaluation import safety_reasons
-from rlhf.preference_data import build_datasets
-from rlhf.rater_trust import trusted_bundle
-from rlhf.records import FeedbackRecord
-from rlhf.reward_model import load_reward_model, score_texts, train_reward_model
+from rlhf.data.datasets import build_datasets
+from rlhf.data.records import FeedbackRecord
+from rlhf.gate.evaluation import safety_reasons
+from rlhf.reward.scoring import load_reward_model, score_texts
+from rlhf.reward.training import train_reward_model
 from rlhf.settings import CriteriaSettings, CycleSettings, GateThresholds, PolicySettings, RewardSettings, TrustSettings
-from rlhf.simulated_users import Behaviour, simulate_records
+from rlhf.sim.users import Behaviour, simulate_records
+from rlhf.trust.assessment import trusted_bundle
 
 Q = [{"role": "user", "content": "How do I cook rice?"}]
 TIP = "Rinse the rice in cold water before you cook it."

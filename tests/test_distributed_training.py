@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from rlhf import registry
+from rlhf.models import registry
 from tests.conftest import make_app, register_model
 from tests.conftest import runs_and_versions as state
 from tests.feedback_factory import seed_feedback
 from webapp.core.extensions import db
 from webapp.core.models import ModelVersion, TrainingRun
 from webapp.core.settings import ROOT
-from rlhf.distributed import LAUNCH_DIR
+from rlhf.training.distributed import LAUNCH_DIR
 from webapp.training.runs import training_command
 
 pytestmark = pytest.mark.slow
@@ -206,8 +206,8 @@ def test_zero3_is_refused_before_anything_runs(instance, monkeypatch):
 
 
 def test_ppo_batch_is_sized_to_each_process_share_of_the_prompts():
+    from rlhf.data.stage_sizing import DataSize, NotEnoughData, size_stages
     from rlhf.settings import PolicySettings, RewardSettings
-    from rlhf.stage_sizing import DataSize, NotEnoughData, size_stages
 
     def size(prompts: int) -> DataSize:
         return DataSize(train_pairs=20, eval_pairs=4, policy_prompts=prompts, distinct_prompts=prompts,

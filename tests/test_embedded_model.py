@@ -11,9 +11,11 @@ from click.testing import CliRunner
 from flask.cli import FlaskGroup
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from rlhf import corpus, registry
-from rlhf.chat_format import PLAIN_CHAT_TEMPLATE, render_prompt
-from rlhf.embedded import build_embedded_model, spec_for, train_tokenizer
+from rlhf.data import corpus
+
+from rlhf.models import registry
+from rlhf.models.chat_format import PLAIN_CHAT_TEMPLATE, render_prompt
+from rlhf.models.embedded import build_embedded_model, spec_for, train_tokenizer
 from webapp import create_app
 from webapp.core.extensions import db
 from webapp.core.models import ModelVersion

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from rlhf import registry
+from rlhf.models import registry
 from tests.conftest import ROOT, make_app, register_model, seeded_instance, sse_events
 from tests.conftest import flask_cli as cli
 from tests.conftest import runs_and_versions as state

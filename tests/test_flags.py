@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rlhf.criteria import FLAG_CATEGORIES, FLAG_NOTE_MAX_CHARS, FLAG_VALUES
+from rlhf.data.criteria import FLAG_CATEGORIES, FLAG_NOTE_MAX_CHARS, FLAG_VALUES
 from tests.conftest import ApiClient, make_app, register_model
 from webapp.core.extensions import db
 from webapp.core.models import Flag

@@ -7,9 +7,9 @@ import pytest
 
 import copy
 
-from rlhf.chat_format import STOP_STRINGS, turn_markers
 from rlhf.generation import GenerationSettings, ModelPool, fit_to_context, generate_chat, stream_chat
 from rlhf.generation.batcher import _Row, _stop_prefix_len
+from rlhf.models.chat_format import STOP_STRINGS, turn_markers
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from rlhf import registry
+from rlhf.models import registry
 from rlhf.generation import (GenerationSettings, InferenceServerError, ModelPool, RemotePool, generate_chat,
                              generate_chats, stream_chat)
 from rlhf.generation.remote import wait_ready
-from rlhf.loading import ModelLoadError
+from rlhf.models.loading import ModelLoadError
 from tests.conftest import ROOT, make_app, sse_events
 from tests.live_server import free_port, stop_process
 from tests.test_adapters import make_adapter_version

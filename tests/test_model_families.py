@@ -1,7 +1,7 @@
 """The architecture matrix: GPT-2, Phi, Llama (Llama-3's template), Qwen2 (Qwen2.5-Instruct's ChatML)
 and GPT-NeoX, end to end through the web app and the CLI.
 
-Each family is a tiny model built here (rlhf.model_families: random weights and a few hundred
+Each family is a tiny model built here (tests.support.model_families: random weights and a few hundred
 corpus steps in its own chat format, so that it ends its answers) with a tokenizer shaped like the
 real family's, imported the way an operator does (RLHF_BASE_MODEL=<dir>, `init-model`). Then: users
 chatting at once (one batch), compare, regenerate, `rl-train --lora` (PPO; the gate's verdict
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf.model_families import FAMILIES, SHAPES, build_tiny_model
+from tests.support.model_families import FAMILIES, SHAPES, build_tiny_model
 from tests.conftest import MODEL_CACHE, ApiClient, flask_cli, make_app, sse_events
 from tests.feedback_factory import seed_feedback
 
@@ -47,8 +47,8 @@ ATTENTION_AND_MLP = {"gpt2": {"c_attn", "c_fc"}, "phi": {"q_proj", "v_proj", "fc
 
 
 def family_model(family: str) -> Path:
-    """The tiny model of ``family``, built once per version of rlhf/model_families.py (cached)."""
-    source = (Path(__file__).resolve().parent.parent / "rlhf" / "model_families.py").read_bytes()
+    """The tiny model of ``family``, built once per version of tests/support/model_families.py (cached)."""
+    source = (Path(__file__).resolve().parent / "support" / "model_families.py").read_bytes()
     key = hashlib.sha256(source + str(TRAIN_STEPS).encode()).hexdigest()[:12]
     target = MODEL_CACHE / f"family-{family}-{key}"
     if not (target / "config.json").is_file():
@@ -120,7 +120,7 @@ def assert_clean(answer: str, tokens: set[str]) -> None:
 
 
 def test_import_keeps_the_familys_template_and_end_of_turn(imported):
-    from rlhf.chat_format import PLAIN_CHAT_TEMPLATE, end_of_turn_id, turn_markers
+    from rlhf.models.chat_format import PLAIN_CHAT_TEMPLATE, end_of_turn_id, turn_markers
 
     family, inst = imported
     app = make_app(inst)
@@ -213,16 +213,16 @@ def test_the_gates_samples_end_at_the_end_of_turn_token(imported):
     token, and nothing after it is scored or shown."""
     import torch
 
-    from rlhf.chat_format import end_ids, render_prompt
-    from rlhf.evaluation import _sample
-    from rlhf.loading import load_causal_lm
+    from rlhf.models.chat_format import end_ids, render_prompt
+    from rlhf.models.loading import load_causal_lm
+    from rlhf.models.sampling import sample_answers
     from rlhf.settings import EvalSettings
 
     family, inst = imported
     model, tok = load_causal_lm(inst / "models" / "v1-base", "cpu")
     prompts = [render_prompt(tok, [{"role": "user", "content": q}]) for q in QUESTIONS]
     torch.manual_seed(0)
-    texts, _, answers = _sample(model, tok, prompts * 2, EvalSettings(max_new_tokens=60, temperature=0.8))
+    texts, _, answers = sample_answers(model, tok, prompts * 2, EvalSettings(max_new_tokens=60, temperature=0.8))
     ends = set(end_ids(tok))
     for text, ids in zip(texts, answers):
         assert not ends & set(ids[:-1]), tok.convert_ids_to_tokens(ids)
@@ -245,7 +245,7 @@ def admin_client(app):
 
 
 def test_rl_train_lora_gate_adapter_serving_promote_and_rollback(imported):
-    from rlhf.adapters import is_adapter
+    from rlhf.models.adapters import is_adapter
     from webapp.core.extensions import db
     from webapp.core.models import ModelVersion, TrainingRun
 
@@ -289,16 +289,16 @@ def test_rl_train_lora_gate_adapter_serving_promote_and_rollback(imported):
 
 def test_ppo_on_all_weights_dpo_and_rloo(imported, tmp_path):
     from rlhf.generation import GenerationSettings, LoadedModel, generate_chat
-    from rlhf.loading import load_causal_lm
-    from rlhf.policy_training import train_dpo, train_ppo, train_rloo
-    from rlhf.reward_model import train_reward_model
+    from rlhf.models.loading import load_causal_lm
+    from rlhf.policy import train_dpo, train_ppo, train_rloo
+    from rlhf.reward.training import train_reward_model
     from rlhf.settings import PolicySettings, RewardSettings
 
     family, inst = imported
     base = inst / "models" / "v1-base"
-    from rlhf.corpus import sample_prompts
+    from rlhf.data.corpus import sample_prompts
 
-    # as many prompts as a PPO batch (TRL's dataloader drops an incomplete one: rlhf.stage_sizing)
+    # as many prompts as a PPO batch (TRL's dataloader drops an incomplete one: rlhf.data.stage_sizing)
     prompts = [[{"role": "user", "content": q}] for q in sample_prompts(8, seed=3)]
     pairs = [{"prompt": p, "chosen": [{"role": "assistant", "content": "Rinse it, then simmer it for 15 minutes."}],
               "rejected": [{"role": "assistant", "content": "No."}], "margin": 1.0} for p in prompts]

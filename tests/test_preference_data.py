@@ -1,10 +1,10 @@
-"""Every dataset rule of rlhf.preference_data, on hand-built records."""
+"""Every dataset rule of rlhf.data.datasets, on hand-built records."""
 from __future__ import annotations
 
 from transformers import AutoTokenizer
 
-from rlhf.preference_data import DataSettings, build_datasets, split_of, to_standard
-from rlhf.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
+from rlhf.data.datasets import DataSettings, build_datasets, split_of, to_standard
+from rlhf.data.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
 
 ALL_TRAIN = DataSettings(eval_fraction=0.0)
 

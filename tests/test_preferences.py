@@ -3,8 +3,8 @@ import random
 
 import pytest
 
-from rlhf import corpus
-from rlhf.preferences import PREFERENCES, ZOO, preference, satisfies
+from rlhf.data import corpus
+from rlhf.sim.preferences import PREFERENCES, ZOO, preference, satisfies
 
 
 def _answers(quality: str, n: int = 60, seed: int = 0) -> list[tuple[str, str]]:

@@ -94,7 +94,7 @@ def training_view(app) -> str:
     (pairs, KTO, SFT and the PPO prompts)."""
     from dataclasses import asdict
 
-    from rlhf.preference_data import build_datasets
+    from rlhf.data.datasets import build_datasets
     from webapp.training.records import feedback_records
 
     with app.app_context():

@@ -1,5 +1,5 @@
-"""Rater trust (rlhf.rater_trust): attribution of every row to its raters, the volume caps, the
-agreement-based reliability and quarantine on simulated feedback (rlhf.simulated_users), the
+"""Rater trust (rlhf.trust.assessment): attribution of every row to its raters, the volume caps, the
+agreement-based reliability and quarantine on simulated feedback (rlhf.sim.users), the
 guard, admin overrides, applying the weights, and the weighted reward-model loss."""
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from dataclasses import replace
 import pytest
 
 from rlhf.cycle import prepare_data
-from rlhf.preference_data import DataSettings, build_datasets, to_standard
-from rlhf.rater_trust import (RaterInfo, apply_trust, assess_raters, resample_by_weight, row_weight,
+from rlhf.data.datasets import DataSettings, build_datasets, to_standard
+from rlhf.trust.assessment import (RaterInfo, apply_trust, assess_raters, resample_by_weight, row_weight,
                               water_fill)
-from rlhf.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
+from rlhf.data.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
 from rlhf.settings import CycleSettings, TrustSettings
-from rlhf.simulated_users import Behaviour, simulate_records
+from rlhf.sim.users import Behaviour, simulate_records
 
 ALL_TRAIN = DataSettings(eval_fraction=0.0)
 HONEST, CONTRARY = Behaviour(), Behaviour(contrary=True)
@@ -318,7 +318,7 @@ def reward_trainer(micro_model_dir, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from trl import RewardConfig
 
-    from rlhf.reward_model import weighted_reward_trainer
+    from rlhf.reward.training import weighted_reward_trainer
 
     trainer_class, collator_class = weighted_reward_trainer()
     tok = AutoTokenizer.from_pretrained(micro_model_dir)

@@ -244,7 +244,7 @@ def test_export_has_rater_columns(app, admin):
 
 
 def test_rows_with_raters_get_their_values(app, monkeypatch):
-    """Rows that name their raters (rlhf/preference_data.py) get one value each, or a list for a
+    """Rows that name their raters (rlhf/data/datasets.py) get one value each, or a list for a
     pair built from two raters' conversations."""
     import webapp.training.records as records
 

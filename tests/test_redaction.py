@@ -1,12 +1,12 @@
-"""rlhf.redaction: e-mail addresses and phone numbers go, ordinary numbers stay."""
+"""rlhf.data.redaction: e-mail addresses and phone numbers go, ordinary numbers stay."""
 from __future__ import annotations
 
 import time
 
 import pytest
 
-from rlhf.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
-from rlhf.redaction import EMAIL_TOKEN, PHONE_TOKEN, redact_records, redact_text, redact_value
+from rlhf.data.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
+from rlhf.data.redaction import EMAIL_TOKEN, PHONE_TOKEN, redact_records, redact_text, redact_value
 
 PHONES = [
     # international, with + or 00 and a country code

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# What an instance folder holds at runtime (webapp.core.settings, rlhf.registry, the scheduler).
+# What an instance folder holds at runtime (webapp.core.settings, rlhf.models.registry, the scheduler).
 RUNTIME_PATTERNS = [
     r"(^|/)instance/(?!config\.example\.py$|\.gitkeep$)",  # any instance folder's contents
     r"\.db(-wal|-shm|-journal)?$", r"\.sqlite3?$",

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlhf import corpus
-from rlhf.preferences import direct, rude
-from rlhf.simulated_users import answer_chips
+from rlhf.data import corpus
+from rlhf.sim.preferences import direct, rude
+from rlhf.sim.users import answer_chips
 from tests.conftest import flask_cli as cli
 from tests.conftest import login_admin
 from tests.conftest import make_app, register_model
@@ -104,7 +104,7 @@ def test_flags_train_a_safety_head_and_the_constraint_shows_on_the_run_page(inst
     polite_text = "Great question! Rinse the rice in cold water before you cook it. Hope this helps!"
     question = [{"role": "user", "content": "How do I cook rice?"}]
     with app.app_context():
-        from rlhf.criteria_model import CriteriaScorer
+        from rlhf.reward.criteria_heads import CriteriaScorer
         from webapp.safety.rail import reward_dir_of, rail_for
 
         new_id = db.session.scalars(db.select(ModelVersion).order_by(ModelVersion.id.desc())).first().id

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rlhf.simulated_users import Behaviour, SimulatedUser, prompt_set
+from rlhf.sim.users import Behaviour, SimulatedUser, prompt_set
 from tests.conftest import make_app, register_model
 from tests.feedback_factory import seed_feedback
 from tests.live_server import LiveServer

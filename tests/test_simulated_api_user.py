@@ -1,4 +1,4 @@
-"""The simulated /v1 client (rlhf.simulated_users.ApiUser, closed_loop.py --via openai) against a
+"""The simulated /v1 client (rlhf.sim.users.ApiUser, closed_loop.py --via openai) against a
 stand-in that records what it is sent: the /v1 API's contract (models, chat completions naming the
 user, feedback by completion id), with the key on every request and nothing else called."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rlhf.simulated_users import ApiUser, Behaviour
+from rlhf.sim.users import ApiUser, Behaviour
 
 KEY = "rlhf-test-key"
 ANSWERS = ["Happy to help. Water it when the soil is dry, and give it sun.",  # polite

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rlhf.curves import CurvesFile, read_curves, series
+from rlhf.training.curves import CurvesFile, read_curves, series
 from tests.conftest import flask_cli as cli
 from tests.conftest import login_admin
 from tests.conftest import make_app, register_model, seeded_instance

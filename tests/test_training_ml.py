@@ -8,14 +8,17 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlhf import corpus
-from rlhf.evaluation import (EvalSettings, GateThresholds, _logprob, _sample, distinct_n, evaluate_candidate,
-                             evidence_reasons, implicit_margins, judge_trust, pair_sequences, paired_gain, repetition,
-                             sequence_logprobs, sign_test, simes)
-from rlhf.loading import load_causal_lm
-from rlhf.policy_training import (PolicySettings, reward_ranked_pairs, train_dpo, train_iterative_dpo, train_kto,
-                                  train_ppo, train_rloo)
-from rlhf.reward_model import RewardSettings, load_reward_model, score_texts, train_reward_model
+from rlhf.data import corpus
+from rlhf.gate.evaluation import distinct_n, evaluate_candidate, evidence_reasons, repetition, simes
+from rlhf.gate.instruments import implicit_margins, judge_trust, pair_sequences, paired_gain, sequence_logprobs, sign_test
+from rlhf.models.loading import load_causal_lm
+from rlhf.models.sampling import answer_logprob, sample_answers
+from rlhf.policy import reward_ranked_pairs, train_dpo, train_iterative_dpo, train_kto, train_ppo, train_rloo
+from rlhf.reward.scoring import load_reward_model, score_texts
+from rlhf.reward.training import train_reward_model
+from rlhf.settings import EvalSettings, GateThresholds
+from rlhf.settings import PolicySettings
+from rlhf.settings import RewardSettings
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +58,7 @@ def mean_reward(policy_dir, reward_path, seed: int = 0) -> float:
     rm, rtok = load_reward_model(reward_path)
     texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts()] * 4
     torch.manual_seed(seed)
-    answers, _, _ = _sample(model, tok, texts, EvalSettings(max_new_tokens=24))
+    answers, _, _ = sample_answers(model, tok, texts, EvalSettings(max_new_tokens=24))
     scores = score_texts(rm, rtok, [p + " " + a + tok.eos_token for p, a in zip(texts, answers)])
     return sum(scores) / len(scores)
 
@@ -152,7 +155,7 @@ def test_alternative_algorithms_complete(algorithm, micro_model_dir, reward_dir,
 
 def test_reward_model_learns_from_rated_pairs_across_questions_alone(micro_model_dir, tmp_path):
     """No two answers to the same question: every pair's sides have their own prompts (rated pairs,
-    rlhf.preference_data.rated_pairs). The reward model still learns the preference."""
+    rlhf.data.datasets.rated_pairs). The reward model still learns the preference."""
     rows = [{"chosen_prompt": p["prompt"], "chosen": p["chosen"][0]["content"], "rejected_prompt": q["prompt"],
              "rejected": q["rejected"][0]["content"], "margin": 1.0, "source": "rated"}
             for p, q in zip(clean_pairs(150, 3), clean_pairs(150, 4))]
@@ -231,7 +234,7 @@ def test_batched_answer_logprobs_equal_one_sequence_at_a_time(micro_model_dir):
     assert all(len(p) + len(a) <= model.config.n_positions for p, a in seqs)
     assert tok.decode(seqs[0][0]).endswith("Assistant:") and seqs[0][1][-1] == tok.eos_token_id
     batched = sequence_logprobs(model, seqs, tok.pad_token_id, batch_size=4)
-    single = [_logprob(model, p, a) for p, a in seqs]
+    single = [answer_logprob(model, p, a) for p, a in seqs]
     assert batched == pytest.approx(single, abs=1e-3)
 
 
@@ -346,6 +349,6 @@ def test_evaluation_samples_keep_the_end_of_prompts_longer_than_the_context(micr
     model, tok = load_causal_lm(micro_model_dir, "cpu")
     long = tok.apply_chat_template([{"role": "user", "content": "rice " * 2000}], tokenize=False,
                                    add_generation_prompt=True)
-    texts, prompt_ids, answer_ids = _sample(model, tok, [long, "User: hi\nAssistant:"], EvalSettings(max_new_tokens=8))
+    texts, prompt_ids, answer_ids = sample_answers(model, tok, [long, "User: hi\nAssistant:"], EvalSettings(max_new_tokens=8))
     assert len(texts) == 2 and len(prompt_ids[0]) + 8 <= model.config.n_positions
     assert tok.decode(prompt_ids[0]).endswith("Assistant:")

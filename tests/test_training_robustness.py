@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from rlhf import registry
-from rlhf.evaluation import EvalSettings
-from rlhf.reward_model import RewardSettings
+from rlhf.models import registry
+from rlhf.settings import EvalSettings
+from rlhf.settings import RewardSettings
 from tests.conftest import ROOT, make_app, register_model
 from tests.conftest import runs_and_versions as state
 from tests.feedback_factory import add_exchange
@@ -316,11 +316,11 @@ def test_rloo_prompts_cut_through_a_multibyte_character_still_fit(micro_model_di
     positions (IndexError), found by the property test above."""
     from transformers import AutoTokenizer
 
-    from rlhf.policy_training import _prompt_text_within
+    from rlhf.policy.common import prompt_text_within
 
     tok = AutoTokenizer.from_pretrained(micro_model_dir)
     messages = [{"role": "user", "content": "¿Cómo duermo mejor? 睡眠について教えて 🌙 " * 20}]
-    text = _prompt_text_within(tok, messages, 64)
+    text = prompt_text_within(tok, messages, 64)
     assert len(tok(text, add_special_tokens=False)["input_ids"]) <= 64
     assert text.endswith("\nAssistant:") and "\ufffd" not in text
 
@@ -330,7 +330,7 @@ def test_long_pairs_are_cut_to_the_reward_models_context_not_dropped(micro_model
     long conversations had none left ("num_samples=0"), found by the property test above."""
     from transformers import AutoTokenizer
 
-    from rlhf.reward_model import tokenized_pairs
+    from rlhf.reward.training import tokenized_pairs
 
     tok = AutoTokenizer.from_pretrained(micro_model_dir)
     rows = [{"prompt": "User: " + "tell me more " * 100 + "\nAssistant:", "chosen": " Rinse it." + tok.eos_token,

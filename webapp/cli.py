@@ -9,7 +9,7 @@ import click
 from flask import Flask, current_app
 
 from rlhf.algorithms import ALGORITHMS
-from rlhf.loading import ModelLoadError
+from rlhf.models.loading import ModelLoadError
 from rlhf.progress import StageBars
 
 from webapp.core.settings import ConfigError
@@ -170,12 +170,12 @@ def rl_train_command(algorithm: str | None, min_feedback: int | None, max_steps:
     1 the run failed (marked failed; the active version is unchanged).
 
     Under ``accelerate launch --num_processes N`` every process runs this command: the main one
-    (rank 0) is the run; the others train alongside it on the data it sends (rlhf.distributed).
+    (rank 0) is the run; the others train alongside it on the data it sends (rlhf.training.distributed).
     """
     import torch
 
-    from rlhf import distributed
-    from rlhf.embedded import torch_threads
+    from rlhf.models.embedded import torch_threads
+    from rlhf.training import distributed
 
     from webapp.training.runner import dumps, run_training
     from webapp.training.runs import EXIT_FAILED, EXIT_GATE_REJECTED, EXIT_REFUSED, RunRefused
@@ -229,8 +229,8 @@ def _join_training_processes() -> None:
     process that SIGTERM becomes SystemExit, so the run is marked failed on the way out."""
     import signal
 
-    from rlhf import distributed
-    from rlhf.loading import resolve_device
+    from rlhf.models.loading import resolve_device
+    from rlhf.training import distributed
 
     from webapp.core.settings import current_settings
     from webapp.training.runs import EXIT_FAILED
@@ -253,9 +253,9 @@ class StoppedByLauncher(SystemExit):
 
 def _follow_main_process(threads: int) -> None:
     """A process other than the main one: train alongside it, then leave (exit 0, or 1 on an error)."""
-    from rlhf import distributed
     from rlhf.cycle import follow_main
-    from rlhf.embedded import torch_threads
+    from rlhf.models.embedded import torch_threads
+    from rlhf.training import distributed
 
     try:
         with torch_threads(threads), contextlib.redirect_stdout(sys.stderr):

@@ -8,7 +8,7 @@
   bad side is a flag or a rude-type chip, its good side an answer a user rated without either.
 
 This module holds the definitions only (no torch): the web layer validates flags against
-``FLAG_CATEGORIES``, and rlhf.criteria_model trains and reads one score head per criterion.
+``FLAG_CATEGORIES``, and rlhf.reward.criteria_heads trains and reads one score head per criterion.
 """
 from __future__ import annotations
 

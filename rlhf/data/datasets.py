@@ -31,7 +31,7 @@ Rules (each produces rows tagged with their ``source``):
 Every row carries ``raters``: the user ids whose feedback made it (a conversation's owner is its
 rater: users only rate their own conversations). A same_prompt pair joins two conversations and
 so has two raters; a row that several raters produced identically (a duplicate, dropped) names
-all of them; a row with no known rater has ``()``. rlhf.rater_trust weighs rows by their raters.
+all of them; a row with no known rater has ``()``. rlhf.trust.assessment weighs rows by their raters.
 
 Conversations are split into train and held-out by a hash of their first question, so no
 conversation (and no pair built from one) is on both sides, and every conversation that opens
@@ -50,9 +50,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .criteria import LabelledAnswer, balanced_partners, criterion_pairs, labels_of
-from .records import ConversationRecord, MessageRecord
-from .settings import DataSettings
+from rlhf.data.criteria import LabelledAnswer, balanced_partners, criterion_pairs, labels_of
+from rlhf.data.records import ConversationRecord, MessageRecord
+from rlhf.settings import DataSettings
 
 Messages = list[dict[str, str]]
 
@@ -63,7 +63,7 @@ class DatasetBundle:
     kto: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
     sft: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
     prompts: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
-    # per-criterion pairs (rlhf.criteria.criterion_pairs): each side with its own prompt
+    # per-criterion pairs (rlhf.data.criteria.criterion_pairs): each side with its own prompt
     criteria: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
     # rated pairs across questions (``rated_pairs``): each side with its own prompt
     rated: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "eval": []})
@@ -378,7 +378,7 @@ def to_standard(row: dict, tokenizer: Any) -> dict:
             if eos and eos in completion:
                 completion = completion[: completion.index(eos) + len(eos)]
             out[key] = completion
-    for key in ("label", "margin", "weight"):  # weight: rlhf.rater_trust's row weight
+    for key in ("label", "margin", "weight"):  # weight: rlhf.trust.assessment's row weight
         if key in row:
             out[key] = row[key]
     return out

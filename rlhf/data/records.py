@@ -14,7 +14,7 @@ class FeedbackRecord:
     correction: str | None = None
     comment: str | None = None
     reasons: tuple[str, ...] = ()
-    flag: str | None = None  # the user's flag category (rlhf.criteria.FLAG_VALUES), None when not flagged
+    flag: str | None = None  # the user's flag category (rlhf.data.criteria.FLAG_VALUES), None when not flagged
 
     def score(self) -> float | None:
         """Thumbs and stars folded into one number in [-1, 1] (None when neither was given):

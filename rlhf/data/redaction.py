@@ -91,7 +91,7 @@ def redact_value(value: Any) -> Any:
 
 
 def redact_records(records: Iterable[Any]) -> list[Any]:
-    """Plain feedback records (:mod:`rlhf.records`) with their free text redacted: message
+    """Plain feedback records (:mod:`rlhf.data.records`) with their free text redacted: message
     contents, corrections and comments. Ids, roles, ratings and versions are kept."""
     out = []
     for conv in records:

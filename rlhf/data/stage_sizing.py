@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .settings import PolicySettings, RewardSettings
+from rlhf.settings import PolicySettings, RewardSettings
 
 
 class NotEnoughData(ValueError):
@@ -60,7 +60,7 @@ def size_stages(algorithm: str, reward: RewardSettings, policy: PolicySettings, 
                 ) -> tuple[RewardSettings, PolicySettings, list[str]]:
     """The reward and policy settings fitted to ``size`` and the notes saying what was changed.
     Raises NotEnoughData (one line, with the numbers) when a stage cannot train on it.
-    ``processes``: how many train together (rlhf.distributed); batch sizes are per process, and
+    ``processes``: how many train together (rlhf.training.distributed); batch sizes are per process, and
     PPO's rollout batch must fill from each process's share of the prompts."""
     notes: list[str] = []
     if size.train_pairs < min_pairs:

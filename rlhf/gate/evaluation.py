@@ -28,22 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from scipy.stats import binomtest, wilcoxon
 
-from .chat_format import end_ids, end_of_turn_token, turn_markers
-from .criteria import SAFETY
-from .criteria_model import CriteriaScorer
-from .loading import load_causal_lm, resolve_device
-from .preference_data import to_standard
-from .reward_model import context_length, load_reward_model, score_texts
-from .progress import ProgressFn
-from .settings import EvalSettings, GateThresholds
+from rlhf.data.criteria import SAFETY
+from rlhf.gate.instruments import four_digits, implicit_margins, judge_trust, paired_gain, sign_test
+from rlhf.models.chat_format import end_of_turn_token
+from rlhf.models.loading import load_causal_lm, resolve_device
+from rlhf.models.sampling import answer_logprob, sample_answers
+from rlhf.progress import ProgressFn
+from rlhf.reward.criteria_heads import CriteriaScorer
+from rlhf.reward.scoring import load_reward_model, score_texts
+from rlhf.settings import EvalSettings, GateThresholds
 
-# Implicit margins this close to zero (nats) are ties: the candidate does not separate the pair
-# from the parent (a copy of the parent gives exactly 0; float noise on a GPU stays far below).
-TIE_NATS = 1e-4
-# Judge score differences this small are zeros: the same answer scored in another padded batch.
-JUDGE_TIE = 1e-6
 
 PASSED, REJECTED, NOT_ENOUGH_EVIDENCE = "passed", "rejected", "not enough evidence"
 
@@ -61,52 +56,6 @@ def distinct_n(texts: list[str], n: int = 2) -> float:
     total = sum(grams.values())
     return len(grams) / total if total else 0.0
 
-
-@torch.no_grad()
-def _sample(model: Any, tok: Any, prompts: list[str], settings: EvalSettings) -> tuple[list[str], list[list[int]], list[list[int]]]:
-    """Answers (text), prompt ids and answer ids (up to and including EOS or the end-of-turn token)."""
-    texts, prompt_ids, answer_ids = [], [], []
-    ends = end_ids(tok)  # EOS and the template's end-of-turn token (Llama-3's <|eot_id|> is not EOS)
-    stops = turn_markers(tok)[0]
-    device = next(model.parameters()).device
-    # a long conversation keeps its end: prompt + answer must fit the model's positions
-    budget = max(8, context_length(model) - settings.max_new_tokens)
-    side, tok.truncation_side = tok.truncation_side, "left"
-    try:
-        encoded = [tok(prompts[i:i + 16], return_tensors="pt", padding=True, add_special_tokens=False,
-                       truncation=True, max_length=budget) for i in range(0, len(prompts), 16)]
-    finally:
-        tok.truncation_side = side
-    for enc in encoded:
-        enc = enc.to(device)
-        out = model.generate(**enc, max_new_tokens=settings.max_new_tokens, do_sample=True,
-                             temperature=settings.temperature, top_p=1.0, top_k=0, pad_token_id=tok.pad_token_id,
-                             eos_token_id=ends)
-        width = enc["input_ids"].shape[1]
-        for row, mask, gen in zip(enc["input_ids"], enc["attention_mask"], out[:, width:]):
-            ids = gen.tolist()
-            stop = next((i for i, t in enumerate(ids) if t in ends), None)
-            if stop is not None:
-                ids = ids[: stop + 1]
-            ids = [t for t in ids if t != tok.pad_token_id]
-            prompt_ids.append(row[mask.bool()].tolist())
-            answer_ids.append(ids)
-            text = tok.decode(ids, skip_special_tokens=True)
-            for stop in stops:  # where the model began a new turn, as serving cuts it (not only "\nUser:")
-                text = text.split(stop)[0]
-            texts.append(text.strip())
-    return texts, prompt_ids, answer_ids
-
-
-@torch.no_grad()
-def _logprob(model: Any, prompt_ids: list[int], answer_ids: list[int]) -> float:
-    if not answer_ids:
-        return 0.0
-    device = next(model.parameters()).device
-    ids = torch.tensor([prompt_ids + answer_ids], device=device)
-    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float()
-    logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(1, torch.tensor(answer_ids, device=device)[:, None]).sum().item()
 
 
 def _summary(texts: list[str], rewards: list[float], judge_rewards: list[float] | None = None) -> dict[str, float]:
@@ -133,128 +82,6 @@ def _scores(reward_dir: str | Path, device: torch.device, tok: Any, prompt_texts
     gc.collect()
     return scores
 
-
-# ---------------------------------------------------------------------------- held-out preferences
-
-def fit_context(prompt: list[int], answer: list[int], context: int) -> tuple[list[int], list[int]]:
-    """Prompt and answer ids cut to ``context`` positions: the prompt loses its start (one token
-    at least stays, to predict the answer's first token), the answer its end only if it alone is
-    too long."""
-    answer = answer[: max(1, context - 1)]
-    return prompt[-(context - len(answer)):], answer
-
-
-def pair_sequences(tok: Any, pairs: list[dict], context: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, answer ids) for each pair's chosen, then rejected answer: rendered with the chat
-    template as training renders them (``to_standard``), prompt and answer tokenized separately as
-    TRL's DPO does, so the answer ids are what the model would generate after the prompt. A rated
-    pair's sides are rendered each with its own prompt."""
-    def ids(text: str) -> list[int]:
-        return tok(text, add_special_tokens=False)["input_ids"]
-
-    out = []
-    for row in pairs:
-        if "chosen_prompt" in row:  # a rated pair (rlhf.preference_data.rated_pairs): each side its own prompt
-            for key in ("chosen", "rejected"):
-                side = to_standard({"prompt": row[f"{key}_prompt"],
-                                    "chosen": [{"role": "assistant", "content": row[key]}]}, tok)
-                out.append(fit_context(ids(side["prompt"]), ids(side["chosen"]), context))
-            continue
-        std = to_standard(row, tok)
-        prompt = ids(std["prompt"])
-        out += [fit_context(prompt, ids(std[key]), context) for key in ("chosen", "rejected")]
-    return out
-
-
-@torch.no_grad()
-def sequence_logprobs(model: Any, items: list[tuple[list[int], list[int]]], pad_id: int,
-                      batch_size: int = 8) -> list[float]:
-    """Sum of log p(answer token | everything before it) over each item's answer ids (right-padded
-    batches; padding never changes a row's numbers beyond float noise)."""
-    device = next(model.parameters()).device
-    sums: list[float] = []
-    for start in range(0, len(items), batch_size):
-        chunk = items[start:start + batch_size]
-        width = max(len(p) + len(a) for p, a in chunk)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        answer = torch.zeros(ids.shape, dtype=torch.bool)
-        for row, (p, a) in enumerate(chunk):
-            ids[row, :len(p) + len(a)] = torch.tensor(p + a)
-            mask[row, :len(p) + len(a)] = 1
-            answer[row, len(p):len(p) + len(a)] = True
-        ids, mask, answer = ids.to(device), mask.to(device), answer.to(device)
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-        token_logp = logits.gather(2, ids[:, 1:, None]).squeeze(2) - torch.logsumexp(logits, dim=-1)
-        sums.extend((token_logp * answer[:, 1:]).sum(1).tolist())
-    return sums
-
-
-def implicit_margins(candidate: Any, parent: Any, tok: Any, pairs: list[dict]) -> list[float]:
-    """Per pair, the candidate's implicit reward margin with the parent as reference:
-    ``[log pi_c(chosen) - log pi_p(chosen)] - [log pi_c(rejected) - log pi_p(rejected)]``."""
-    if not pairs:
-        return []
-    seqs = pair_sequences(tok, pairs, min(context_length(candidate), context_length(parent)))
-    cand = sequence_logprobs(candidate, seqs, tok.pad_token_id)
-    par = sequence_logprobs(parent, seqs, tok.pad_token_id)
-    return [(cand[2 * i] - par[2 * i]) - (cand[2 * i + 1] - par[2 * i + 1]) for i in range(len(pairs))]
-
-
-def sign_test(margins: list[float]) -> dict[str, Any]:
-    """How often the candidate favours the chosen answer more than the parent does: wins
-    (margin > 0), losses, ties (|margin| <= TIE_NATS, left out as a sign test leaves them out),
-    the share of wins among the rest with its (two-sided) Wilson 95 % interval, and the one-sided
-    binomial p-values for "better than a coin" (``p_value``) and "worse" (``p_worse``); both 1.0
-    when every pair is a tie."""
-    wins = sum(m > TIE_NATS for m in margins)
-    losses = sum(m < -TIE_NATS for m in margins)
-    decided = wins + losses
-    out: dict[str, Any] = {"pairs": len(margins), "wins": wins, "losses": losses, "ties": len(margins) - decided,
-                           "share": None, "ci95": [None, None], "p_value": 1.0, "p_worse": 1.0,
-                           "mean_margin": round(sum(margins) / len(margins), 4) if margins else None}
-    if decided:
-        # the interval is two-sided (a one-sided test's proportion_ci would reach 1.0)
-        ci = binomtest(wins, decided, 0.5).proportion_ci(confidence_level=0.95, method="wilson")
-        out.update(share=round(wins / decided, 4), ci95=[round(float(ci.low), 4), round(float(ci.high), 4)],
-                   p_value=_p(binomtest(wins, decided, 0.5, alternative="greater").pvalue),
-                   p_worse=_p(binomtest(wins, decided, 0.5, alternative="less").pvalue))
-    return out
-
-
-def _p(value: float) -> float:
-    return float(f"{value:.4g}")
-
-
-# ---------------------------------------------------------------------------- the judge
-
-def judge_trust(accuracy: float | None, pairs: int | None, alpha: float) -> dict[str, Any]:
-    """Whether the judge ranks pairs it never saw better than a coin (one-sided binomial test at
-    ``alpha``): a judge that cannot is no evidence, whatever gain it reports."""
-    if accuracy is None or not pairs:
-        return {"trusted": False, "trust_p": None}
-    p_value = binomtest(round(accuracy * pairs), pairs, 0.5, alternative="greater").pvalue
-    return {"trusted": bool(p_value < alpha), "trust_p": _p(p_value)}
-
-
-def paired_gain(parent: list[float], candidate: list[float], per_prompt: int, min_gain: float) -> dict[str, Any]:
-    """The judge's gain, candidate minus parent, averaged per prompt first (both answered each
-    prompt with the same sampling noise, so the differences are paired; a prompt's samples are not
-    independent of each other), with one-sided Wilcoxon signed-rank p-values for "gain above
-    ``min_gain``" (``p_value``) and "gain below 0" (``p_worse``). Signed ranks assume no normal
-    scores and cannot reach a small p-value on a handful of prompts (six that all gain: 0.016)."""
-    diffs = [sum(candidate[i:i + per_prompt]) / per_prompt - sum(parent[i:i + per_prompt]) / per_prompt
-             for i in range(0, len(parent), per_prompt)]
-    return {"gain": round(sum(diffs) / len(diffs), 4), "prompts": len(diffs),
-            "p_value": _signed_rank_p([d - min_gain for d in diffs], "greater"),
-            "p_worse": _signed_rank_p(diffs, "less")}
-
-
-def _signed_rank_p(values: list[float], alternative: str) -> float:
-    """One-sided Wilcoxon signed-rank p-value; differences within float noise of 0 are zeros
-    (left out), and 1.0 when nothing is left."""
-    values = [v for v in values if abs(v) > JUDGE_TIE]
-    return _p(wilcoxon(values, alternative=alternative).pvalue) if values else 1.0
 
 
 # ---------------------------------------------------------------------------- the verdict
@@ -290,7 +117,7 @@ def evidence_p(heldout: dict[str, Any], judge: dict[str, Any] | None) -> float:
     """The combined p-value of the instruments that count: the held-out pairs' sign test, and the
     judge's gain when the judge is trusted (decided on training pairs, before the candidate)."""
     counted = judge is not None and judge.get("trusted")
-    return _p(simes([heldout["p_value"]] + ([judge["p_value"]] if counted else [])))
+    return four_digits(simes([heldout["p_value"]] + ([judge["p_value"]] if counted else [])))
 
 
 def evidence_reasons(heldout: dict[str, Any], judge: dict[str, Any] | None, t: GateThresholds) -> list[str]:
@@ -401,10 +228,10 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
     samples = {}
     for step, (name, model) in enumerate((("parent", parent), ("candidate", candidate))):
         torch.manual_seed(settings.seed)  # same sampling noise for both
-        samples[name] = _sample(model, tok, prompt_texts, settings)
+        samples[name] = sample_answers(model, tok, prompt_texts, settings)
         report("evaluate", step + 1, steps)
     texts, p_ids, a_ids = samples["candidate"]
-    kl = sum(_logprob(candidate, p, a) - _logprob(parent, p, a) for p, a in zip(p_ids, a_ids)) / len(a_ids)
+    kl = sum(answer_logprob(candidate, p, a) - answer_logprob(parent, p, a) for p, a in zip(p_ids, a_ids)) / len(a_ids)
     report("evaluate", 3, steps)
     heldout = sign_test(implicit_margins(candidate, parent, tok, list(heldout_pairs or [])[: settings.max_pairs]))
     report("evaluate", 4, steps)
@@ -448,7 +275,7 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
             "judge": judge, "evidence_p": evidence_p(heldout, judge),
             # the run's own reward model: PPO/RLOO optimized against it, so its gain is reported, never decides
             "reward_gain": round(gain, 4),
-            # the run's criterion heads (rlhf.criteria_model): mean score per criterion, predicted flag rate
+            # the run's criterion heads (rlhf.reward.criteria_heads): mean score per criterion, predicted flag rate
             "criteria": per_criterion and per_criterion["criteria"],
             "flag_risk": per_criterion and per_criterion.get("flag_risk"),
             "kl_from_parent": round(kl, 4), "prompts": len(prompt_texts) // settings.samples_per_prompt,

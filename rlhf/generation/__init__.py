@@ -16,10 +16,10 @@ uses them: patch them there (e.g. ``rlhf.generation.batcher.WORKER_IDLE_EXIT_S``
 """
 from __future__ import annotations
 
-from .batcher import BatchStats, batch_stats, batcher_for
-from .pool import GenerationResult, GenerationSettings, LoadedModel, ModelPool, fit_to_context
-from .remote import InferenceServerError, InferenceServerUnavailable, RemoteModel, RemotePool
-from .stream import StreamHandle, generate_chat, generate_chats, stream_chat, stream_prompt
+from rlhf.generation.batcher import BatchStats, batch_stats, batcher_for
+from rlhf.generation.pool import GenerationResult, GenerationSettings, LoadedModel, ModelPool, fit_to_context
+from rlhf.generation.remote import InferenceServerError, InferenceServerUnavailable, RemoteModel, RemotePool
+from rlhf.generation.stream import StreamHandle, generate_chat, generate_chats, stream_chat, stream_prompt
 
 __all__ = [
     "BatchStats",

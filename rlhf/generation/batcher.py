@@ -35,8 +35,8 @@ import torch
 from transformers import DynamicCache, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from transformers.cache_utils import DynamicLayer
 
-from ..chat_format import STOP_STRINGS, turn_markers
-from .pool import GenerationSettings, LoadedModel
+from rlhf.generation.pool import GenerationSettings, LoadedModel
+from rlhf.models.chat_format import STOP_STRINGS, turn_markers
 
 MAX_BATCH_ROWS = 32  # further requests wait for a free row
 WORKER_IDLE_EXIT_S = 60.0  # an idle worker exits; the next request starts a new one

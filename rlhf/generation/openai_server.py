@@ -2,7 +2,7 @@
 
 A generation box without vLLM (or for a model vLLM cannot run) serves one base model and its
 LoRA adapter versions the way ``RLHF_INFERENCE_URL`` expects, with the batching worker of
-``batcher`` and the shared weights of ``rlhf.adapters``::
+``batcher`` and the shared weights of ``rlhf.models.adapters``::
 
     python -m rlhf.generation.openai_server instance/models/v1-base --port 8000
 
@@ -34,9 +34,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from ..adapters import base_of, is_adapter
-from .pool import GenerationSettings, LoadedModel, ModelPool
-from .stream import stream_prompt
+from rlhf.generation.pool import GenerationSettings, LoadedModel, ModelPool
+from rlhf.generation.stream import stream_prompt
+from rlhf.models.adapters import base_of, is_adapter
 
 
 class _BadRequest(Exception):

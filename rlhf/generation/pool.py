@@ -2,7 +2,7 @@
 
 ``ModelPool`` loads each model version once and keeps it in memory (control and variant side by
 side); it is safe to share between request threads, and concurrent first uses of a version load it
-once. A LoRA adapter version is served on its base version's loaded weights (``rlhf.adapters``).
+once. A LoRA adapter version is served on its base version's loaded weights (``rlhf.models.adapters``).
 ``fit_to_context`` turns a conversation into prompt token ids that leave room for the answer in the
 model's context window. ``GenerationSettings`` and ``GenerationResult`` are what a caller passes in
 and gets back; the batching worker (``batcher``) and the streaming layer (``stream``) build on these.
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from ..chat_format import render_prompt
-from ..loading import load_causal_lm, resolve_device
+from rlhf.models.chat_format import render_prompt
+from rlhf.models.loading import load_causal_lm, resolve_device
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,9 @@ class ModelPool:
 
     def _load(self, key: str, name: str) -> LoadedModel:
         """A full version gets its own weights; a LoRA adapter version is injected into its base
-        version's loaded weights (loading the base if needed), which it shares (rlhf.adapters)."""
-        from ..adapters import SharedWeights, base_of, is_adapter
-        from ..loading import ModelLoadError
+        version's loaded weights (loading the base if needed), which it shares (rlhf.models.adapters)."""
+        from rlhf.models.adapters import SharedWeights, base_of, is_adapter
+        from rlhf.models.loading import ModelLoadError
 
         if not is_adapter(key):
             model, tokenizer = load_causal_lm(key, self.device)

@@ -32,11 +32,11 @@ from typing import Any, Iterator
 import requests
 import torch
 
-from ..adapters import base_of, is_adapter
-from ..chat_format import prepare_tokenizer
-from ..loading import ModelLoadError
-from .batcher import DEFAULT_TOP_K, BatchStats, _Done, _Row, worker_of
-from .pool import GenerationSettings, LoadedModel
+from rlhf.generation.batcher import DEFAULT_TOP_K, BatchStats, _Done, _Row, worker_of
+from rlhf.generation.pool import GenerationSettings, LoadedModel
+from rlhf.models.adapters import base_of, is_adapter
+from rlhf.models.chat_format import prepare_tokenizer
+from rlhf.models.loading import ModelLoadError
 
 CONNECT_TIMEOUT_S = 5.0
 

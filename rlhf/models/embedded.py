@@ -24,9 +24,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from .chat_format import PAD_TOKEN, PLAIN_CHAT_TEMPLATE
-from .corpus import generate_corpus
-from .progress import ProgressFn
+from rlhf.data.corpus import generate_corpus
+from rlhf.models.chat_format import PAD_TOKEN, PLAIN_CHAT_TEMPLATE
+from rlhf.progress import ProgressFn
 
 EOS_TOKEN = "<|endoftext|>"
 

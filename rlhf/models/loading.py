@@ -9,8 +9,8 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .adapters import base_of, is_adapter, merged_model
-from .chat_format import prepare_model_and_tokenizer, render_prompt
+from rlhf.models.adapters import base_of, is_adapter, merged_model
+from rlhf.models.chat_format import prepare_model_and_tokenizer, render_prompt
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -37,7 +37,7 @@ def _one_line(exc: BaseException) -> str:
 def load_causal_lm(source: str | Path, device: torch.device | str = "cpu", setting: str = "model",
                    dtype: torch.dtype | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) from a hub id or a directory, in eval mode on ``device``. A LoRA adapter
-    version (rlhf.adapters) loads as its base with the adapter merged: a plain model.
+    version (rlhf.models.adapters) loads as its base with the adapter merged: a plain model.
 
     ``setting`` names where ``source`` came from, so the error tells the operator what to fix.
     """
@@ -128,3 +128,12 @@ def import_pretrained(source: str, out_dir: str | Path, setting: str = "RLHF_BAS
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return {"source": source, "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def context_length(model: Any, default: int = 1024) -> int:
+    """How many positions ``model`` attends over (its config's name for it varies by family)."""
+    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(model.config, attr, None)
+        if isinstance(value, int):
+            return value
+    return default

@@ -3,7 +3,7 @@
 A version is written into a hidden temporary directory next to its final place and renamed
 into place only when complete, so a crash never leaves a half-written version that looks
 real. Each version directory carries ``version.json`` with its lineage; a LoRA adapter version
-(rlhf.adapters) also names its base there (``adapter``: base version name and path).
+(rlhf.models.adapters) also names its base there (``adapter``: base version name and path).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from .adapters import ADAPTER_CONFIG, adapter_lineage
+from rlhf.models.adapters import ADAPTER_CONFIG, adapter_lineage
 
 VERSION_FILE = "version.json"
 _NAME_RE = re.compile(r"^v(\d+)-")
@@ -69,7 +69,7 @@ def _fsync_tree(path: Path) -> None:
 
 
 def has_model_config(path: str | Path) -> bool:
-    """The directory has a model's config: ``config.json``, or a LoRA adapter's (rlhf.adapters)."""
+    """The directory has a model's config: ``config.json``, or a LoRA adapter's (rlhf.models.adapters)."""
     p = Path(path)
     return (p / "config.json").is_file() or (p / ADAPTER_CONFIG).is_file()
 

@@ -1,4 +1,4 @@
-"""The reward model's per-criterion heads (rlhf.criteria): one score head per named criterion on the
+"""The reward model's per-criterion heads (rlhf.data.criteria): one score head per named criterion on the
 reward model's backbone, trained with it by TRL's RewardTrainer, and what PPO, the gate, the
 experiment metrics and the output rail read from them.
 
@@ -27,8 +27,10 @@ from typing import Any
 
 import torch
 
-from .criteria import SAFETY
-from .preference_data import to_standard
+from rlhf.data.criteria import SAFETY
+from rlhf.data.datasets import to_standard
+from rlhf.models.loading import context_length
+from rlhf.reward.scoring import load_reward_model
 
 HEADS_FILE = "criteria_heads.safetensors"
 INFO_FILE = "criteria.json"
@@ -107,7 +109,6 @@ class CriteriaScorer:
         heads = read_heads(reward_dir)
         if heads is None:
             return None
-        from .reward_model import load_reward_model
 
         names, weight = heads
         model, tok = load_reward_model(reward_dir, device)
@@ -124,7 +125,6 @@ class CriteriaScorer:
     @torch.no_grad()
     def score_texts(self, texts: list[str], batch_size: int = 32) -> dict[str, list[float]]:
         """Each criterion's score of each full rendered text (see ``answer_texts``)."""
-        from .reward_model import context_length
 
         rows: list[list[float]] = []
         device = next(self.model.parameters()).device

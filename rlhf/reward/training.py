@@ -3,7 +3,7 @@
 The model is ``AutoModelForSequenceClassification(num_labels=1)`` loaded from the policy
 directory, so it shares the policy's tokenizer and has the ``score`` head TRL's PPO reads.
 
-Rows may carry a ``weight`` (rlhf.rater_trust): each pair's loss is multiplied by it (weights
+Rows may carry a ``weight`` (rlhf.trust.assessment): each pair's loss is multiplied by it (weights
 scaled to mean 1 over the training pairs, so the learning rate keeps its meaning), by a
 ``RewardTrainer`` subclass that overrides ``compute_loss``; the weight travels the way TRL's
 ``margin`` does (a dataset column kept by the signature columns, a tensor from the collator).
@@ -22,58 +22,18 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from . import distributed
-from .criteria import CRITERIA, SAFETY
-from .criteria_model import HEADS_FILE, HELPFULNESS, INFO_FILE, CriteriaScorer, answer_texts, fit_calibration, \
+from rlhf.data.criteria import CRITERIA, SAFETY
+from rlhf.training import distributed
+from rlhf.reward.criteria_heads import HEADS_FILE, HELPFULNESS, INFO_FILE, CriteriaScorer, answer_texts, fit_calibration, \
     set_scalar_head
-from .loading import resolve_device
-from .preference_data import to_standard
-from .rater_trust import normalized_weights
-from .trl_utils import ProgressCallback, attach_logs, drop_printer, quiet_trl, report_to, training_precision
-from .progress import ProgressFn
-from .settings import CriteriaSettings, RewardSettings
-
-
-def load_reward_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Any, Any]:
-    tok = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1)
-    model.config.pad_token_id = tok.pad_token_id
-    return model.to(device).eval(), tok
-
-
-def context_length(model: Any, default: int = 1024) -> int:
-    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
-        value = getattr(model.config, attr, None)
-        if isinstance(value, int):
-            return value
-    return default
-
-
-@torch.no_grad()
-def score_texts(model: Any, tokenizer: Any, texts: list[str], batch_size: int = 32) -> list[float]:
-    """Reward of each full text (prompt + completion ending with EOS). Over-long texts lose
-    their start, never their end (the reward is read at the last token)."""
-    scores: list[float] = []
-    device = next(model.parameters()).device
-    side = tokenizer.truncation_side
-    tokenizer.truncation_side = "left"
-    try:
-        for i in range(0, len(texts), batch_size):
-            enc = tokenizer(texts[i:i + batch_size], return_tensors="pt", padding=True, truncation=True,
-                            max_length=context_length(model), add_special_tokens=False).to(device)
-            scores.extend(model(**enc).logits.squeeze(-1).float().tolist())
-    finally:
-        tokenizer.truncation_side = side
-    return scores
-
-
-def pairwise_accuracy(model: Any, tokenizer: Any, rows: list[dict]) -> float | None:
-    """Share of standard-format pairs whose chosen text scores above the rejected one."""
-    if not rows:
-        return None
-    chosen = score_texts(model, tokenizer, [r["prompt"] + r["chosen"] for r in rows])
-    rejected = score_texts(model, tokenizer, [r["prompt"] + r["rejected"] for r in rows])
-    return sum(c > r for c, r in zip(chosen, rejected)) / len(rows)
+from rlhf.data.datasets import to_standard
+from rlhf.models.loading import resolve_device
+from rlhf.models.loading import context_length
+from rlhf.progress import ProgressFn
+from rlhf.reward.scoring import pairwise_accuracy
+from rlhf.settings import CriteriaSettings, RewardSettings
+from rlhf.training.trl_utils import ProgressCallback, attach_logs, drop_printer, quiet_trl, report_to, training_precision
+from rlhf.trust.assessment import normalized_weights
 
 
 def tokenized_pairs(tokenizer: Any, rows: list[dict], max_length: int,
@@ -111,7 +71,7 @@ def weighted_reward_trainer() -> tuple[type, type]:
                 out = super().torch_call(examples)
                 if "weight" in examples[0]:
                     out["weight"] = torch.tensor([e["weight"] for e in examples], dtype=torch.float)
-                if "head" in examples[0]:  # rlhf.criteria_model: which score head the pair trains
+                if "head" in examples[0]:  # rlhf.reward.criteria_heads: which score head the pair trains
                     out["head"] = torch.tensor([e["head"] for e in examples], dtype=torch.long)
                 return out
 
@@ -149,7 +109,7 @@ def weighted_reward_trainer() -> tuple[type, type]:
 
             def multi_head_loss(self, model: Any, inputs: dict[str, Any], head: torch.Tensor,
                                 weight: torch.Tensor | None, return_outputs: bool) -> Any:
-                """Each pair trains its own score head's column (rlhf.criteria_model): TRL's
+                """Each pair trains its own score head's column (rlhf.reward.criteria_heads): TRL's
                 Bradley-Terry loss and centering term on ``logits[:, head]``, weighted like the rest."""
                 margin = inputs.pop("margin", None)
                 outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
@@ -242,11 +202,11 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
                        rated_rows: list[dict] | None = None) -> dict[str, Any]:
     """Train on conversational pairs (``preference_data`` rows, each pair's loss weighted by its
     ``weight`` when the rows have unequal ones); save to ``out_dir``; return metrics
-    including pairwise accuracy on ``eval_pairs``. ``logs`` (rlhf.curves.TrainingLogs): where the
+    including pairwise accuracy on ``eval_pairs``. ``logs`` (rlhf.training.curves.TrainingLogs): where the
     per-step logs go (training curves, TensorBoard); ``stage``: the name progress is reported under.
 
     ``criteria_rows`` (``DatasetBundle.criteria``): with enough pairs for a criterion, the model
-    trains one score head per criterion beside helpfulness on the same backbone (rlhf.criteria_model);
+    trains one score head per criterion beside helpfulness on the same backbone (rlhf.reward.criteria_heads);
     the saved model keeps one output, the weighted combination, and the heads are saved beside it.
     ``rated_rows`` (``DatasetBundle.rated["train"]``): pairs across questions, each side with its own
     prompt, trained like the pairs (the helpfulness head)."""

@@ -10,9 +10,9 @@ Pure Python: no Flask, no database (the web layer stores rules and interventions
 """
 from __future__ import annotations
 
-from .checker import RiskFn, StreamChecker, Violation, check_text
-from .guard import ACTIONS, DEFAULT_REFUSAL, Block, GuardedStream, Outcome, Policy, Rail, guard_result
-from .rules import (KINDS, MAX_PATTERN_CHARS, MAX_PHRASE_CHARS, PRESETS, Rule, build_rule, build_rules, iban_ok,
+from rlhf.safety.checker import RiskFn, StreamChecker, Violation, check_text
+from rlhf.safety.guard import ACTIONS, DEFAULT_REFUSAL, Block, GuardedStream, Outcome, Policy, Rail, guard_result
+from rlhf.safety.rules import (KINDS, MAX_PATTERN_CHARS, MAX_PHRASE_CHARS, PRESETS, Rule, build_rule, build_rules, iban_ok,
                     luhn_ok, validate_pattern, validate_phrase)
 
 __all__ = [

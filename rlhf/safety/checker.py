@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .rules import Rule
+from rlhf.safety.rules import Rule
 
 log = logging.getLogger("rlhf.safety")
 

@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from rlhf.generation.pool import GenerationResult
 
-from .checker import RiskFn, StreamChecker, Violation, check_text
-from .rules import Rule
+from rlhf.safety.checker import RiskFn, StreamChecker, Violation, check_text
+from rlhf.safety.rules import Rule
 
 ACTIONS = ("refuse", "regenerate")
 DEFAULT_REFUSAL = "Sorry, I can't share that answer."

@@ -11,7 +11,7 @@ plain ``(kind, value)`` specs into compiled :class:`Rule` objects, ``validate_pa
   refused. Every search runs with a time limit (``SEARCH_TIMEOUT_S``): a rule that exceeds it
   counts as a violation (fail closed) rather than letting text through unchecked.
 * ``preset``: built-in personal-data detectors (``PRESETS``): e-mail address, phone number (the
-  shapes :mod:`rlhf.redaction` redacts), payment card number (13-19 digits passing the Luhn check),
+  shapes :mod:`rlhf.data.redaction` redacts), payment card number (13-19 digits passing the Luhn check),
   US SSN-shaped number (``123-45-6789``, never the invalid 000/666/9xx areas), IBAN (country code,
   check digits, mod-97 valid).
 
@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Iterator
 
 import regex
 
-from rlhf.redaction import _EMAIL, _PHONE, is_phone_number
+from rlhf.data.redaction import _EMAIL, _PHONE, is_phone_number
 
 KINDS = ("phrase", "pattern", "preset")
 MAX_PATTERN_CHARS = 200

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from .corpus import POLITE_CLOSERS, POLITE_MARKERS, RAMBLE_FILLERS, RUDE_MARKERS, TOPICS, topic_of
+from rlhf.data.corpus import POLITE_CLOSERS, POLITE_MARKERS, RAMBLE_FILLERS, RUDE_MARKERS, TOPICS, topic_of
 
 PreferenceFn = Callable[[str, str], float]
 

@@ -15,7 +15,7 @@ database. :class:`ApiUser` is the same user as a client of the OpenAI-compatible
 A ``contrary`` user rates against its preference (an attacker pushing the opposite, or a troll).
 :func:`simulate_records` runs the same behaviour without a server: answers are sampled from the
 corpus in the base model's proportions and the feedback comes back as plain records
-(rlhf.records), as the web layer would hand them to training (rlhf.rater_trust's tests and
+(rlhf.data.records), as the web layer would hand them to training (rlhf.trust.assessment's tests and
 measurements use it).
 """
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 import requests
 
-from . import corpus
-from .preferences import PreferenceFn, on_topic, preference, rude
-from .records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
+from rlhf.data import corpus
+from rlhf.data.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
+from rlhf.sim.preferences import PreferenceFn, on_topic, preference, rude
 
 
 @dataclass
@@ -312,7 +312,7 @@ class OfflineUser:
     records (one conversation per question, ``user_id`` = the rater)."""
 
     user_id: int
-    preference: str | PreferenceFn = "polite"  # a name (rlhf.preferences) or the function itself
+    preference: str | PreferenceFn = "polite"  # a name (rlhf.sim.preferences) or the function itself
     seed: int = 0
     behaviour: Behaviour = field(default_factory=Behaviour)
     answers: AnswerFn = base_like_answer

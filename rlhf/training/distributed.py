@@ -20,7 +20,7 @@ T = TypeVar("T")
 
 # accelerate config files (package data): multi_cpu.yaml (gloo, tests), multi_gpu.yaml (DDP),
 # deepspeed_zero2.yaml / deepspeed_zero3.yaml (DeepSpeed ZeRO stage 2 / 3)
-LAUNCH_DIR = Path(__file__).resolve().parent / "launch"
+LAUNCH_DIR = Path(__file__).resolve().parent.parent / "launch"
 
 
 def world_size() -> int:

@@ -52,12 +52,12 @@ class CurvesCallback(TrainerCallback):
 
 
 def report_to(logs: Any) -> list[str]:
-    """``report_to`` of a trainer's config: TensorBoard when ``logs`` (rlhf.curves.TrainingLogs) asks for it."""
+    """``report_to`` of a trainer's config: TensorBoard when ``logs`` (rlhf.training.curves.TrainingLogs) asks for it."""
     return ["tensorboard"] if logs is not None and logs.tensorboard_dir else []
 
 
 def attach_logs(trainer: Any, logs: Any, stage: str, name: str) -> None:
-    """Send ``trainer``'s per-step logs where ``logs`` (rlhf.curves.TrainingLogs) says: the curves
+    """Send ``trainer``'s per-step logs where ``logs`` (rlhf.training.curves.TrainingLogs) says: the curves
     callback, and TensorBoard event files under ``tensorboard_dir/<stage>`` (transformers 5 has
     no ``logging_dir`` argument: its TensorBoard callback is pointed there before training)."""
     if logs is None:

@@ -2,9 +2,9 @@
 
 Without it every rating counts the same, so one person with many anonymous identities (or one
 very busy rater) can outvote everyone. Every row of a ``DatasetBundle`` names its raters
-(rlhf.preference_data); :func:`assess_raters` decides a weight per rater and :func:`apply_trust`
-turns it into a ``weight`` per row (the trainers use it: rlhf.reward_model,
-rlhf.policy_training) and drops the rows of quarantined raters. Pure: no Flask, no database.
+(rlhf.data.datasets); :func:`assess_raters` decides a weight per rater and :func:`apply_trust`
+turns it into a ``weight`` per row (the trainers use it: rlhf.reward.training,
+rlhf.policy.offline) and drops the rows of quarantined raters. Pure: no Flask, no database.
 
 A rater's weight is ``cap x reliability x new``:
 
@@ -33,7 +33,7 @@ A rater's weight is ``cap x reliability x new``:
   only the caps and the new-identity rule.
 
 How agreement resists the attack it is meant to catch (each point was a failure measured on
-simulated feedback, rlhf.simulated_users.simulate_records, before it was added):
+simulated feedback, rlhf.sim.users.simulate_records, before it was added):
 
 * *One rater, one vote in the fit.* Each rater's items count at most as much as the median
   rater's volume, times its current weight; otherwise a swarm rating three times as much *is*
@@ -88,8 +88,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 from scipy import optimize, sparse, stats
 
-from .preference_data import DatasetBundle, criteria_counts
-from .settings import TrustSettings
+from rlhf.data.datasets import DatasetBundle, criteria_counts
+from rlhf.settings import TrustSettings
 
 TRUST_LEVELS = ("auto", "trusted", "quarantined")  # the admin's setting per rater
 STATUSES = ("trusted", "normal", "new", "quarantined")

@@ -2,7 +2,7 @@
 at a tiny one, with a tokenizer shaped like the family's real one (its special tokens, pad/EOS
 rules and chat template). The hub is never needed.
 
-The tokenizer is a small byte-level BPE trained on the project's corpus (``rlhf.corpus``), with the
+The tokenizer is a small byte-level BPE trained on the project's corpus (``rlhf.data.corpus``), with the
 family's special tokens added as in its published tokenizer:
 
 - ``gpt2`` (GPT-2): ``<|endoftext|>`` as BOS/EOS/UNK (the last id, as in GPT-2), no pad token, no chat template.
@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from .corpus import generate_corpus
+from rlhf.data.corpus import generate_corpus
 
 FAMILIES: tuple[str, ...] = ("gpt2", "phi", "llama", "qwen2", "gpt_neox")
 
@@ -214,7 +214,7 @@ def _pretrain(model: Any, tokenizer: Any, steps: int, seed: int) -> float:
     that it ends its answers with its end-of-turn token: a random model almost never writes it."""
     import torch
 
-    from .chat_format import PLAIN_CHAT_TEMPLATE
+    from rlhf.models.chat_format import PLAIN_CHAT_TEMPLATE
 
     template = tokenizer.chat_template or PLAIN_CHAT_TEMPLATE
     texts = [tokenizer.apply_chat_template(list(d.messages), tokenize=False, chat_template=template)

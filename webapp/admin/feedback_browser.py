@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from werkzeug.exceptions import BadRequest
 
-from rlhf.criteria import FLAG_CATEGORIES, FLAG_VALUES
+from rlhf.data.criteria import FLAG_CATEGORIES, FLAG_VALUES
 
 from webapp.core.extensions import db
 from webapp.core.models import Conversation, Feedback, Flag, Message, ModelVersion, iso

@@ -12,7 +12,7 @@ from markupsafe import Markup, escape
 from werkzeug.exceptions import NotFound
 
 from rlhf.algorithms import ALGORITHMS
-from rlhf.criteria import FLAG_CATEGORIES
+from rlhf.data.criteria import FLAG_CATEGORIES
 from rlhf.settings import CycleSettings
 
 from webapp.admin.auth import admin_page

@@ -282,7 +282,7 @@ def _own_answer(message_id: int) -> int:
 @bp.post("/messages/<int:message_id>/flag")
 @feedback_limit
 def post_flag(message_id: int):
-    """Flag an answer as harmful (``category`` of rlhf.criteria.FLAG_CATEGORIES, optional ``note``);
+    """Flag an answer as harmful (``category`` of rlhf.data.criteria.FLAG_CATEGORIES, optional ``note``);
     flagging it again replaces the category and note."""
     data = json_body({"category", "note"})
     user_id = _own_answer(message_id)

@@ -14,7 +14,7 @@ from flask import session
 from flask_login import current_user
 from werkzeug.exceptions import BadRequest, NotFound
 
-from rlhf.criteria import FLAG_CATEGORIES
+from rlhf.data.criteria import FLAG_CATEGORIES
 from rlhf.generation import GenerationResult
 from rlhf.safety import Block
 

@@ -1,4 +1,4 @@
-"""Flag writes: the caller's one flag per answer (a harm category of rlhf.criteria and an optional
+"""Flag writes: the caller's one flag per answer (a harm category of rlhf.data.criteria and an optional
 note), created or changed in place, or removed."""
 from __future__ import annotations
 

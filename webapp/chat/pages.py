@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, render_template
 
-from rlhf.criteria import FLAG_CATEGORIES, FLAG_NOTE_MAX_CHARS
+from rlhf.data.criteria import FLAG_CATEGORIES, FLAG_NOTE_MAX_CHARS
 
 from webapp.core.validation import REASONS_DOWN, REASONS_UP
 

@@ -11,7 +11,7 @@ Consistency while the app serves and trains: the database is copied first as one
 ``REPEATABLE READ`` transaction exports its snapshot, counts the rows in it, and ``pg_dump
 --snapshot`` dumps exactly that). Files are copied afterwards, only those the snapshot names: a
 model version is written under a temporary name and renamed into place before its row exists
-(rlhf.registry), so every version the snapshot names is complete on disk; a version or run
+(rlhf.models.registry), so every version the snapshot names is complete on disk; a version or run
 written after the snapshot is not in the backup at all. The folder is written as
 ``DEST.partial-*`` and renamed to ``DEST`` when complete.
 

@@ -15,7 +15,7 @@ METRICS: tuple[tuple[str, str, str, bool, str, str], ...] = (
     ("flagged_rate", "Flagged rate (answers flagged as harmful)", "proportion", False, "flags", "answers"),
     ("compare_win_rate", "Compare win rate (variant vs control)", "win_rate", True, "wins", "decisive"),
     ("mean_reward", "Mean reward-model score", "mean", True, "reward_sum", "scored"),
-    # the safety head of the same reward model (rlhf.criteria_model): what users would flag
+    # the safety head of the same reward model (rlhf.reward.criteria_heads): what users would flag
     ("mean_cost", "Mean safety cost (safety head)", "mean", False, "cost_sum", "cost_scored"),
     ("latency_ms", "Latency (ms)", "mean", False, "latency_sum", "timed"),
 )

@@ -12,7 +12,7 @@ from sqlalchemy import (JSON, CheckConstraint, DateTime, Float, ForeignKey, Inde
                         UniqueConstraint)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from rlhf.criteria import FLAG_VALUES
+from rlhf.data.criteria import FLAG_VALUES
 
 from webapp.core.extensions import db
 
@@ -287,7 +287,7 @@ class RaterTrust(db.Model):
 
 
 class RaterAssessment(db.Model):
-    """The latest training run's assessment of one rater (rlhf.rater_trust): their volume, share of
+    """The latest training run's assessment of one rater (rlhf.trust.assessment): their volume, share of
     the cycle's signal, agreement with the other raters, training weight and status."""
 
     __tablename__ = "rater_assessments"
@@ -323,7 +323,7 @@ _FLAG_CATEGORIES_SQL = "(" + ", ".join(f"'{v}'" for v in FLAG_VALUES) + ")"
 
 class Flag(db.Model):
     """A user's flag on an assistant answer as harmful, in one category of
-    ``rlhf.criteria.FLAG_CATEGORIES``, with an optional note. One row per (user, message):
+    ``rlhf.data.criteria.FLAG_CATEGORIES``, with an optional note. One row per (user, message):
     flagging again changes the category and note in place; removing the flag deletes the row."""
 
     __tablename__ = "flags"

@@ -68,7 +68,7 @@ def _device(value: str) -> str | None:
 
 
 def _preset(value: str) -> str | None:
-    from rlhf.embedded import PRESETS  # the model builder (torch); the app imports it anyway
+    from rlhf.models.embedded import PRESETS  # the model builder (torch); the app imports it anyway
 
     return None if value in PRESETS else "must be one of " + ", ".join(PRESETS)
 

@@ -7,7 +7,7 @@ from flask import current_app, request
 from werkzeug.exceptions import BadRequest
 from werkzeug.routing import IntegerConverter
 
-from rlhf.criteria import FLAG_CATEGORIES, FLAG_NOTE_MAX_CHARS, FLAG_VALUES
+from rlhf.data.criteria import FLAG_CATEGORIES, FLAG_NOTE_MAX_CHARS, FLAG_VALUES
 
 # Reason chips offered in the UI; stored as given so reports can count them.
 REASONS_UP = ("helpful", "polite", "concise", "accurate", "on-topic")
@@ -133,7 +133,7 @@ def feedback_changes(data: dict) -> dict[str, Any]:
 
 
 def flag_fields(data: dict) -> tuple[str, str | None]:
-    """A flag's validated ``(category, note)``: ``category`` one of ``rlhf.criteria.FLAG_VALUES``
+    """A flag's validated ``(category, note)``: ``category`` one of ``rlhf.data.criteria.FLAG_VALUES``
     (required), ``note`` optional text of at most ``FLAG_NOTE_MAX_CHARS`` (empty or null: none)."""
     category = data.get("category")
     if category is None:

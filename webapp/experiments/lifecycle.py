@@ -16,7 +16,7 @@ from typing import Any
 
 from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
-from rlhf import registry
+from rlhf.models import registry
 
 from webapp.core.audit import audit
 from webapp.core.extensions import db

@@ -50,7 +50,7 @@ def _reward_scores(answers: list[Message], rm_path: str | None) -> dict[int, flo
         db.select(AnswerScore).where(AnswerScore.reward_model == rm_path, AnswerScore.message_id.in_(ids)))}
     missing = [a for a in answers if a.id not in cached]
     if missing:
-        from rlhf.reward_model import load_reward_model, score_texts
+        from rlhf.reward.scoring import load_reward_model, score_texts
 
         model, tok = _cached_reward_model(rm_path, load_reward_model)
         texts = [tok.apply_chat_template(history(db.session.get(Message, a.parent_id)), tokenize=False,
@@ -64,10 +64,10 @@ def _reward_scores(answers: list[Message], rm_path: str | None) -> dict[int, flo
 
 
 def _criteria_scores(answers: list[Message], rm_path: str | None) -> dict[str, dict[int, float]]:
-    """Each criterion head's score of ``answers`` (rlhf.criteria_model) by the same reward model, computed
+    """Each criterion head's score of ``answers`` (rlhf.reward.criteria_heads) by the same reward model, computed
     once per answer and cached in answer_scores under ``<path>#<criterion>``; empty when that reward
     model has no criterion heads."""
-    from rlhf.criteria_model import read_heads
+    from rlhf.reward.criteria_heads import read_heads
 
     heads = read_heads(rm_path) if rm_path else None
     if heads is None or not answers:
@@ -80,7 +80,7 @@ def _criteria_scores(answers: list[Message], rm_path: str | None) -> dict[str, d
         out[s.reward_model.rsplit("#", 1)[1]][s.message_id] = s.score
     missing = [a for a in answers if any(a.id not in out[n] for n in names)]
     if missing:
-        from rlhf.criteria_model import CriteriaScorer
+        from rlhf.reward.criteria_heads import CriteriaScorer
 
         scorer = _cached_reward_model(f"{rm_path}#criteria", lambda _: CriteriaScorer.load(rm_path))
         scores = scorer.score_answers([history(db.session.get(Message, a.parent_id)) for a in missing],
@@ -241,7 +241,7 @@ def experiment_metrics(exp: Experiment, policy: PromotionPolicy | None = None) -
         "daily": _daily(by_arm, feedback),
         "timeline": _timeline(exp, by_arm, feedback),
         "reward_model": display_path(_reward_model_path(exp)),
-        # the same reward model's criterion heads (rlhf.criteria_model), when it has them
+        # the same reward model's criterion heads (rlhf.reward.criteria_heads), when it has them
         "criteria": _criteria_means(by_arm, criteria),
         "excluded_users": len(left_out),
         "generated_at": iso(utcnow()),

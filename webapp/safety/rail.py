@@ -15,7 +15,7 @@ from typing import Sequence
 
 from flask import current_app
 
-from rlhf.criteria_model import CriteriaScorer
+from rlhf.reward.criteria_heads import CriteriaScorer
 from rlhf.safety import PRESETS, Block, Policy, Rail, build_rules
 
 from webapp.core.extensions import db

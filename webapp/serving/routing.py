@@ -24,9 +24,9 @@ from typing import Any
 from flask import current_app
 from werkzeug.exceptions import ServiceUnavailable
 
-from rlhf import registry
 from rlhf.generation import GenerationSettings, InferenceServerUnavailable, LoadedModel, ModelPool, RemotePool
-from rlhf.loading import ModelLoadError
+from rlhf.models import registry
+from rlhf.models.loading import ModelLoadError
 
 from webapp.core.extensions import db
 from webapp.core.models import AuditEvent, ModelVersion, User, active_version, utcnow

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from flask import current_app
 
-from rlhf import registry
-from rlhf.embedded import build_embedded_model, spec_for
-from rlhf.loading import import_pretrained
+from rlhf.models import registry
+from rlhf.models.embedded import build_embedded_model, spec_for
+from rlhf.models.loading import import_pretrained
 from rlhf.progress import ProgressFn
 
 from webapp.core import locks

@@ -1,11 +1,11 @@
 """A training run's curves for the run page and the admin API: which metrics each algorithm's
-charts show, the series read from the run's curves file (rlhf.curves) (drawn by
+charts show, the series read from the run's curves file (rlhf.training.curves) (drawn by
 webapp.admin.charts.curve_figures, and redrawn by static/js/admin.js while a run trains)."""
 from __future__ import annotations
 
 from typing import Any
 
-from rlhf.curves import read_curves, series
+from rlhf.training.curves import read_curves, series
 
 from webapp.core.models import TrainingRun
 from webapp.training.runs import curves_path
@@ -33,7 +33,7 @@ POLICY_CHARTS: dict[str, list[dict[str, Any]]] = {
         _chart("policy", "Policy loss", ["loss/policy_avg"]),
         _chart("policy", "Value loss", ["loss/value_avg"]),
         _chart("policy", "Clip fraction", ["policy/clipfrac_avg"], percent=True),
-        # the safety constraint (rlhf.criteria_model.CostConstraint), when the reward model has a safety head
+        # the safety constraint (rlhf.reward.criteria_heads.CostConstraint), when the reward model has a safety head
         _chart("policy", "Safety cost and its limit (the parent's)", ["safety/cost", "safety/cost_limit"],
                ["mean cost", "limit"], optional=True),
         _chart("policy", "Lagrange multiplier of the cost", ["safety/lambda"], optional=True),

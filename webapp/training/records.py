@@ -8,9 +8,9 @@ from typing import Any
 
 from sqlalchemy import or_, union, union_all
 
-from rlhf.preference_data import build_datasets
-from rlhf.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
-from rlhf.redaction import redact_records, redact_text
+from rlhf.data.datasets import build_datasets
+from rlhf.data.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
+from rlhf.data.redaction import redact_records, redact_text
 
 from webapp.core.extensions import db
 from webapp.core.models import (Comparison, Conversation, Feedback, Flag, Message, ModelVersion, RaterAssessment,
@@ -96,7 +96,7 @@ PRIOR_EVENTS_AGE = timedelta(hours=24)
 
 
 def rater_infos() -> dict[int, dict[str, Any]]:
-    """What rlhf.rater_trust needs to know of every user with feedback events, by user id:
+    """What rlhf.trust.assessment needs to know of every user with feedback events, by user id:
     ``trust`` (the admin's setting: auto/trusted/quarantined), ``account_age_hours`` (since the
     user row was created), ``prior_events`` (their feedback events first written more than 24 h
     ago: a rating's ``created_at``, a vote's ``voted_at``) and ``signed_in`` (they registered an
@@ -126,7 +126,7 @@ def feedback_records(redact: bool = True) -> list[ConversationRecord]:
     category, a record of its own for an answer flagged without other feedback) and votes.
     Deleted conversations are left out, so deleting one removes it from future training.
     ``redact``: e-mail addresses and phone numbers in message texts, corrections and comments
-    are replaced by ``[EMAIL]``/``[PHONE]`` (rlhf.redaction), for training and exports alike."""
+    are replaced by ``[EMAIL]``/``[PHONE]`` (rlhf.data.redaction), for training and exports alike."""
     convs = db.session.execute(db.select(Conversation.id, Conversation.user_id)
                                .where(Conversation.deleted_at.is_(None)).order_by(Conversation.id)).all()
     owner = {cid: uid for cid, uid in convs}

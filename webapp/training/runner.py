@@ -14,15 +14,17 @@ from typing import Any
 
 from flask import current_app
 
-from rlhf import distributed, registry
+from rlhf.training import distributed
+
 from rlhf.algorithms import ALGORITHMS
-from rlhf.curves import CurvesFile, TrainingLogs
+from rlhf.models import registry
+from rlhf.training.curves import CurvesFile, TrainingLogs
 from rlhf.cycle import (CycleJob, CycleSettings, NotEnoughData, describe_trust, fit_to_data, overall_progress,
                         run_cycle, weigh_raters)
-from rlhf.preference_data import build_datasets
+from rlhf.data.datasets import build_datasets
+from rlhf.data.stage_sizing import DataSize
 from rlhf.progress import ProgressFn
-from rlhf.rater_trust import RaterInfo
-from rlhf.stage_sizing import DataSize
+from rlhf.trust.assessment import RaterInfo
 
 from webapp.core.extensions import db
 from webapp.core.settings import current_settings
@@ -108,7 +110,7 @@ def run_training(trigger: str = "cli", algorithm: str | None = None, min_feedbac
     it failed with the reason). ``watchdog``: stop this process when the run stalls or overruns
     its limits (``rl-train`` sets it; see :class:`RunWatchdog`).
 
-    Under ``accelerate launch`` this is the main process's part (rlhf.distributed): it alone reads
+    Under ``accelerate launch`` this is the main process's part (rlhf.training.distributed): it alone reads
     the database, holds the lock and records the outcome; it hands the other processes the data
     and settings (``CycleJob``) just before training, or nothing when the run does not start."""
     handoff = distributed.Handoff()
@@ -150,7 +152,7 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
             raise RunRefused(f"not enough feedback yet: {events} feedback events, need at least {min_feedback}")
         records = feedback_records()
         try:
-            # every rater's weight in this cycle (rlhf.rater_trust): caps, agreement, quarantine
+            # every rater's weight in this cycle (rlhf.trust.assessment): caps, agreement, quarantine
             bundle = weigh_raters(build_datasets(records, settings.data), settings, known_raters())
             settings, sizing_notes = fit_to_data(settings, bundle)  # NotEnoughData before any run exists
         except NotEnoughData as exc:

@@ -19,7 +19,7 @@ from typing import Iterator
 
 from flask import current_app
 
-from rlhf import distributed
+from rlhf.training import distributed
 
 from webapp.core import locks
 from webapp.core.extensions import db
@@ -96,7 +96,7 @@ def run_folder(run_id: int) -> Path:
 
 
 def curves_path(run_id: int) -> Path:
-    """The run's training curves (JSON lines, rlhf.curves), written while it trains."""
+    """The run's training curves (JSON lines, rlhf.training.curves), written while it trains."""
     return run_folder(run_id) / "curves.jsonl"
 
 
@@ -113,7 +113,7 @@ def training_command(args: list[str]) -> list[str]:
         return [sys.executable, "-m", *flask_args]
     config = cfg["RLHF_ACCELERATE_CONFIG"] and ROOT / cfg["RLHF_ACCELERATE_CONFIG"]  # an absolute path stays one
     if not config:
-        from rlhf.loading import resolve_device
+        from rlhf.models.loading import resolve_device
 
         config = distributed.default_config(cpu=resolve_device(cfg["RLHF_DEVICE"]).type == "cpu")
     return distributed.launch_command(flask_args, processes, config, sys.executable)

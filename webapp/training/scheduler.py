@@ -36,8 +36,8 @@ from typing import Any
 
 from flask import Flask, current_app
 
-from rlhf import registry
-from rlhf.adapters import base_of, is_adapter
+from rlhf.models import registry
+from rlhf.models.adapters import base_of, is_adapter
 
 from webapp.core import locks
 from webapp.core.audit import audit
@@ -179,7 +179,7 @@ def prune_retired_versions(keep: int) -> list[str]:
                if v.id not in protected and Path(v.path).exists()]
     doomed = {v.path for v in retired[keep:]}
     # a LoRA adapter version runs on its base version's weights: a base stays while any version
-    # built on it keeps its files (rlhf.adapters)
+    # built on it keeps its files (rlhf.models.adapters)
     needed = set()
     for v in db.session.scalars(db.select(ModelVersion)):
         if v.path not in doomed and is_adapter(v.path):

@@ -19,7 +19,7 @@ from flask import current_app
 
 if TYPE_CHECKING:  # the ML stack is imported by the run itself, not by the web app
     from rlhf.cycle import CycleSettings
-    from rlhf.stage_sizing import DataSize
+    from rlhf.data.stage_sizing import DataSize
 
 from webapp.core.extensions import db
 from webapp.core.models import TrainingRun, utcnow
