@@ -14,7 +14,7 @@ batch, joining and leaving at step boundaries ("continuous batching"):
   leaves the batch at once; the others carry on undisturbed.
 
 On a CPU a forward pass costs about the same for 1 or 16 rows, so concurrent users share the
-model's throughput instead of competing for it (and request threads no longer fight over
+model's throughput instead of competing for it (and request threads do not fight over
 torch's intra-op threads).
 
 A row decodes its tokens incrementally and puts text on its queue only once it cannot be the

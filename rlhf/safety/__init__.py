@@ -1,4 +1,4 @@
-"""The output rail: safety checks on an answer before it is shown (issue 17).
+"""The output rail: safety checks on an answer before it is shown.
 
 - ``rules``: blocked phrases, regular expressions and personal-data presets (e-mail, phone, payment
   card with Luhn, US SSN, IBAN), compiled from plain ``(kind, value)`` specs, with input validation.
