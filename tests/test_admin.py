@@ -453,6 +453,20 @@ def test_scheduler_card(setup, monkeypatch):
     card = admin.get("/admin/").get_data(as_text=True)
     assert "not running" in card and "started a training run" in card and "60 of 50" in card
 
+    # the training lock stopped the check: it says who held it
+    for held_by, reason in [
+            ({"job": "housekeeping", "doing": "cleaning up stale runs", "run_id": None, "pid": 7, "since": None},
+             "housekeeping was cleaning up stale runs and still held the training lock after 10 s (pid 7)"),
+            ({"job": "training run", "doing": "training", "run_id": 12, "pid": 8, "since": None},
+             "a training run (#12) is in progress")]:
+        monkeypatch.setattr(scheduler, "scheduler_status", lambda: {
+            "running": True, "where": "web process (pid 4242)", "jobs": [], "last_retrain": {
+                "at": datetime(2026, 11, 23, 13, 5), "action": "skip", "reason": reason, "held_by": held_by}},
+            raising=False)
+        html = admin.get("/admin/").get_data(as_text=True)
+        last = re.search(r'data-testid="last-retrain">(.*?)</p>', html, re.S).group(1)
+        assert "<b>skipped</b>: " + reason in last and "no run" not in last
+
     def broken():
         raise RuntimeError("job store unreadable")
     monkeypatch.setattr(scheduler, "scheduler_status", broken, raising=False)

@@ -1,7 +1,6 @@
 """`rl-train` and `export-feedback` end to end on the micro model: runs, refusals, crashes."""
 from __future__ import annotations
 
-import fcntl
 import json
 
 import pytest
@@ -54,12 +53,48 @@ def test_refuses_invalid_settings(instance, args, needle):
 
 
 def test_refuses_while_another_run_holds_the_lock(instance):
+    from webapp.core import locks
+
     seed_feedback(make_app(instance), 40)
-    with open(instance / "training.lock", "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # as a running training process would
+    # as a running training process would (it records which run it is)
+    with locks.held(instance / "training.lock", job="training run", doing="training", run_id=7):
         result = cli("rl-train", "--min-feedback", "10")
-    assert result.exit_code == 2 and "another training run is in progress" in result.output
+    assert result.exit_code == 2 and "another training run (#7) is in progress" in result.output
     assert state(instance)[0] == []
+
+
+def test_waits_out_housekeepings_moment_with_the_lock(instance, monkeypatch):
+    """Housekeeping holds the training lock for a moment (cleaning up stale runs) as a run
+    starts: the run waits for it instead of refusing as if another run held the lock (here it
+    then gets as far as counting the feedback)."""
+    import threading
+
+    from webapp.core import locks
+
+    seed_feedback(make_app(instance), 3)
+    contender_waits, seen = threading.Event(), []
+    read = locks._read_record
+
+    def reading(path):  # a contender reads the holder's record each time it finds the lock taken
+        record = read(path)
+        if record.get("job") == "housekeeping":
+            seen.append(record)
+            contender_waits.set()
+        return record
+
+    monkeypatch.setattr(locks, "_read_record", reading)
+    lock = locks.acquire(instance / "training.lock", wait=False, job="housekeeping", doing="cleaning up stale runs",
+                         brief=True)
+    releaser = threading.Thread(target=lambda: (contender_waits.wait(120), lock.close()))
+    releaser.start()
+    try:
+        result = cli("rl-train", "--min-feedback", "1000")
+    finally:
+        contender_waits.set()
+        releaser.join(120)
+    assert seen and lock.closed  # the run found housekeeping there, and it let go
+    assert result.exit_code == 2, result.output
+    assert "not enough feedback yet" in result.output and "in progress" not in result.output
 
 
 def test_full_cycle_registers_a_version_and_recovers_a_dead_run(instance):

@@ -1,9 +1,11 @@
 """Continuous learning: promotion policy, scheduler jobs, housekeeping, simulated users, a small loop."""
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -174,17 +176,174 @@ def test_retrain_only_past_the_threshold_and_never_twice(instance, micro_model_d
         assert after["action"] == "skip" and after["reason"].startswith("0 of 40 new feedback events")
 
 
-def test_tick_skips_while_another_process_trains(instance):
-    import fcntl
+# another process holding the training lock as webapp.core.locks records a holder (released
+# when its stdin closes)
+HOLD_LOCK = ("import sys; from pathlib import Path; from webapp.core import locks;"
+             "lock = locks.acquire(Path(sys.argv[1]), wait=False, job=sys.argv[2], doing=sys.argv[3],"
+             " brief=sys.argv[4] == '1', run_id=12);"
+             "print('locked', flush=True); sys.stdin.read()")
+
+
+@contextlib.contextmanager
+def lock_held_by(path, job, doing, brief):
+    from tests.conftest import ROOT
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(path), job, doing, "1" if brief else "0"],
+                              cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        yield holder.pid
+    finally:
+        holder.stdin.close()
+        holder.wait(60)
+
+
+def test_tick_skips_while_another_process_trains(instance, caplog):
+    import logging
 
     app = make_app(instance, RLHF_RETRAIN_MIN_FEEDBACK=1)
     seed_feedback(app, 5)
-    with open(instance / "training.lock", "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    caplog.set_level(logging.INFO, logger="webapp.training.scheduler")
+    with lock_held_by(instance / "training.lock", "training run", "training", brief=False) as pid:
         with app.app_context():
-            assert sched.retrain_tick() == {"action": "skip", "reason": "a training run is in progress"}
+            assert sched.training_in_progress()
+            assert sched.retrain_tick() == {
+                "action": "skip", "reason": "a training run (#12) is in progress",
+                "held_by": {"job": "training run", "doing": "training", "run_id": 12, "pid": pid,
+                            "since": sched.training_lock_holder()["since"]}}
             assert sched.watchdog_tick() == {"action": "idle", "stopped": []}
             assert sched.housekeeping_tick()["recovered_runs"] == []
+    assert "waiting for" not in caplog.text  # a training run is never waited for
+
+
+def test_a_lock_without_a_record_is_not_called_a_training_run(instance, monkeypatch):
+    import fcntl
+
+    from webapp.core import locks
+
+    monkeypatch.setattr(locks, "RECORD_GRACE_SECONDS", 0.0)
+    app = make_app(instance, RLHF_RETRAIN_MIN_FEEDBACK=1)
+    seed_feedback(app, 5)
+    with open(instance / "training.lock", "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # a holder that writes no record
+        with app.app_context():
+            result = sched.retrain_tick()
+    assert result["action"] == "skip"
+    assert result["reason"] == "another process holds the training lock without saying what it is doing"
+
+
+class _Child:
+    """A spawned rl-train as the retrain tick keeps it (it never trains here)."""
+    pid = 4321
+
+    def poll(self):
+        return None
+
+
+def test_retrain_waits_out_housekeepings_moment_with_the_lock(instance, monkeypatch, caplog):
+    """Housekeeping holds the training lock to clean up stale runs just as the retrain check
+    looks (both jobs used to fire together): the check waits for it and starts the run, rather
+    than skipping the hour as if a run were in progress."""
+    import logging
+    import threading
+
+    app = make_app(instance, RLHF_RETRAIN_MIN_FEEDBACK=1)
+    seed_feedback(app, 5)
+    in_cleanup, retrain_waits = threading.Event(), threading.Event()
+    real_recover = sched.recover_stale_runs
+
+    def recover_when_the_retrain_waits(*args, **kwargs):  # housekeeping, holding the training lock
+        in_cleanup.set()
+        retrain_waits.wait(120)  # a bound for a broken test, not a timing
+        return real_recover(*args, **kwargs)
+
+    class RetrainWaits(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("retrain: waiting for housekeeping (cleaning up stale runs"):
+                retrain_waits.set()
+
+    spawned = []
+    monkeypatch.setattr(sched, "recover_stale_runs", recover_when_the_retrain_waits)
+    monkeypatch.setattr(sched, "spawn_training", lambda **kw: spawned.append(kw) or (7, _Child()))
+    monkeypatch.setattr(sched, "_CHILDREN", [])
+    monkeypatch.setattr(sched, "_APP", None)
+    caplog.set_level(logging.INFO, logger="webapp.training.scheduler")
+    watcher = RetrainWaits()
+    logging.getLogger("webapp.training.scheduler").addHandler(watcher)
+    housekeeping = []
+
+    def housekeeping_job():
+        with app.app_context():
+            housekeeping.append(sched.housekeeping_tick())
+
+    sched.build_scheduler(app)  # sets the app the jobs run against
+    thread = threading.Thread(target=housekeeping_job)
+    thread.start()
+    try:
+        assert in_cleanup.wait(120)
+        sched.run_job("retrain")
+    finally:
+        retrain_waits.set()
+        thread.join(120)
+        logging.getLogger("webapp.training.scheduler").removeHandler(watcher)
+    assert spawned == [{"trigger": "schedule", "min_feedback": 0}]
+    assert housekeeping and housekeeping[0]["recovered_runs"] == []  # its cleanup ran, under the lock
+    with app.app_context():
+        last = sched.scheduler_status()["last_retrain"]
+    assert last["action"] == "train" and last["reason"].endswith("started run #7"), last
+    assert not last["held_by"]
+
+
+def test_a_housekeeping_hold_past_the_wait_is_named_as_such(instance, monkeypatch):
+    from webapp.training import runs
+
+    monkeypatch.setattr(runs, "BRIEF_HOLD_PATIENCE_SECONDS", 0.0)  # the check gives up at once
+    monkeypatch.setattr(sched, "_APP", None)
+    app = make_app(instance, RLHF_RETRAIN_MIN_FEEDBACK=1)
+    seed_feedback(app, 5)
+    with app.app_context():
+        db.session.add(TrainingRun(status="running", stage="policy", pid=999999, hostname="gone"))  # a dead run's row
+        db.session.commit()
+    sched.build_scheduler(app)
+    with lock_held_by(instance / "training.lock", "housekeeping", "cleaning up stale runs", brief=True) as pid:
+        with app.app_context():
+            assert not sched.training_in_progress()  # housekeeping is no training run
+        sched.run_job("retrain")
+    with app.app_context():
+        last = sched.scheduler_status()["last_retrain"]
+    assert last["action"] == "skip" and "training run" not in last["reason"]
+    assert last["reason"] == ("housekeeping was cleaning up stale runs and still held the training lock after 0 s "
+                              f"(pid {pid})")
+    assert last["held_by"]["job"] == "housekeeping"
+
+
+def test_first_runs_are_staggered(instance):
+    from webapp.training import runs
+
+    app = make_app(instance, RLHF_OPENWEBUI_URL="http://openwebui.invalid", RLHF_OPENWEBUI_API_KEY="sk-test")
+    scheduler = sched.build_scheduler(app)
+    scheduler.start(paused=True)
+    try:
+        jobs = {job.id: job for job in scheduler.get_jobs()}
+        first = {job_id: job.next_run_time for job_id, job in jobs.items()}
+    finally:
+        scheduler.shutdown(wait=False)
+    assert set(first) == {"retrain", "experiment_monitor", "housekeeping", "watchdog", "openwebui_pull"}
+    assert len(set(first.values())) == len(first), first  # no two jobs fire together
+    # housekeeping's moment with the training lock is over (with room for the retrain's wait)
+    # before the retrain checks, at the first run and at every later one
+    patience = timedelta(seconds=runs.BRIEF_HOLD_PATIENCE_SECONDS)
+    assert first["housekeeping"] + patience < first["retrain"]
+
+    def fire_times(job, n=48):
+        times, at = [], job.next_run_time
+        for _ in range(n):
+            times.append(at)
+            at = job.trigger.get_next_fire_time(at, at + timedelta(microseconds=1))
+        return times
+
+    gaps = [abs(h - r) for h in fire_times(jobs["housekeeping"]) for r in fire_times(jobs["retrain"])]
+    assert min(gaps) > patience
 
 
 def test_housekeeping_recovers_dead_runs_and_prunes_old_versions(instance, micro_model_dir):

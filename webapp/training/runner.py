@@ -140,7 +140,7 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
     if min_feedback < 0:
         raise RunRefused(f"invalid setting: --min-feedback must be >= 0 (got {min_feedback})")
 
-    with training_lock():
+    with training_lock(run_id=queued_id):
         recovered = recover_stale_runs(keep=queued_id)
         for stale in recovered:  # their work directories died with them (only runs write them; we hold the lock)
             shutil.rmtree(Path(cfg["INSTANCE_DIR"]) / "runs" / f".tmp-run-{stale}", ignore_errors=True)

@@ -5,6 +5,9 @@ Only one run at a time per instance: the run holds an exclusive ``flock`` on
 ``<instance>/training.lock`` for its whole life (webapp.core.locks). The kernel drops the lock
 when the process dies, so a run left "running" by a killed process is recognised (and marked
 failed) by the next run that gets the lock -- no lock file ever has to be cleaned up by hand.
+Housekeeping takes the same lock for a moment to clean up after dead runs; its lock record says
+so (``brief``), and a run or a retrain check that finds it there waits a few seconds for it
+rather than giving up, and never mistakes it for a training run.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from flask import current_app
 
@@ -36,17 +39,55 @@ class RunRefused(Exception):
 
 # ---------------------------------------------------------------------------- the lock
 
+# How long a run (or housekeeping) waits for a job that holds the training lock only for a
+# moment (housekeeping's cleanup) before it gives up; a training run is never waited for.
+BRIEF_HOLD_PATIENCE_SECONDS = 10.0
+TRAINING_RUN = "training run"  # the job a run's lock record names
+
+
 @contextmanager
-def training_lock() -> Iterator[None]:
+def training_lock(job: str = TRAINING_RUN, doing: str = "training", brief: bool = False,
+                  patience: float | None = None, **detail: Any) -> Iterator[None]:
+    """The instance's training lock for a ``with`` block, its record naming the holder (a
+    training run by default, ``run_id`` when known; housekeeping says it is ``brief``), or
+    RunRefused saying who holds it."""
+    patience = BRIEF_HOLD_PATIENCE_SECONDS if patience is None else patience
     try:
-        lock = locks.acquire(locks.lock_path("training"), wait=False)
-    except locks.LockBusy:
-        running = db.session.scalars(db.select(TrainingRun).filter_by(status="running")
-                                     .order_by(TrainingRun.id.desc())).first()
-        detail = f" (run #{running.id}, pid {running.pid}, stage {running.stage})" if running else ""
-        raise RunRefused(f"another training run is in progress{detail}") from None
+        lock = locks.acquire(locks.lock_path("training"), wait=False, patience=patience, job=job, doing=doing,
+                             brief=brief, **detail)
+    except locks.LockBusy as busy:
+        raise RunRefused(describe_holder(busy.holder, patience, other=True)) from None
     with lock:
         yield
+
+
+def training_lock_holder() -> dict[str, Any] | None:
+    """Who holds the training lock: None while nobody does, else its record (``{}``: none)."""
+    return locks.holder(locks.lock_path("training"))
+
+
+def describe_holder(who: dict[str, Any], patience: float, other: bool = False) -> str:
+    """Why the training lock is taken, in words, from its holder's record (webapp.core.locks):
+    "a training run (#12) is in progress", "housekeeping was cleaning up stale runs ...";
+    never a training run when the holder is not one. ``other``: seen from a run that wanted it."""
+    if who.get("job") == TRAINING_RUN:
+        run_id = who.get("run_id")
+        if run_id is None and who.get("pid") and who.get("hostname") == socket.gethostname():
+            row = db.session.scalars(db.select(TrainingRun).filter_by(pid=who["pid"])
+                                     .where(TrainingRun.status.in_(("queued", "running")))
+                                     .order_by(TrainingRun.id.desc())).first()
+            run_id = row.id if row else None
+        which = f"#{run_id}" if run_id is not None else f"pid {who.get('pid', '?')} on {who.get('hostname', '?')}"
+        return f"{'another' if other else 'a'} training run ({which}) is in progress"
+    if who.get("job") and who.get("brief"):
+        return (f"{who['job']} was {who.get('doing') or 'holding the training lock'} and still held the training "
+                f"lock after {patience:g} s (pid {who.get('pid', '?')})")
+    if who.get("job"):
+        return f"{who['job']} holds the training lock ({who.get('doing') or 'pid ' + str(who.get('pid', '?'))})"
+    busy = db.session.scalars(db.select(TrainingRun).where(TrainingRun.status.in_(("queued", "running")))
+                              .order_by(TrainingRun.id.desc())).first()
+    marked = f"; run #{busy.id} is marked {busy.status}" if busy else ""
+    return f"another process holds the training lock without saying what it is doing{marked}"
 
 
 # A queued run's child takes the lock a few seconds after its row is written (interpreter and

@@ -4,7 +4,8 @@
                         RLHF_RETRAIN_MIN_FEEDBACK new feedback events arrived since the last
                         successful run, start ``rl-train`` in a child process (the web server
                         keeps answering; the run's flock keeps it to one run at a time, across
-                        processes);
+                        processes). It skips while a training run holds that lock, but waits a few
+                        seconds for housekeeping's brief hold of it, and says which it was;
 * experiment_monitor -- every RLHF_MONITOR_INTERVAL_SECONDS: start an experiment for a new
                         candidate; conclude a running one by the promotion policy;
 * housekeeping       -- every RLHF_HOUSEKEEPING_INTERVAL_SECONDS: mark runs of dead processes
@@ -47,13 +48,20 @@ from webapp.experiments.assignment import running_experiment
 from webapp.experiments.lifecycle import conclude_experiment, create_experiment
 from webapp.experiments.metrics import experiment_metrics
 from webapp.experiments.promotion import decide, policy_from_config
+from webapp.training import runs as training_runs
 from webapp.training.records import feedback_events
-from webapp.training.runs import recover_stale_runs, spawn_training, training_lock
+from webapp.training.runs import (TRAINING_RUN, describe_holder, recover_stale_runs, spawn_training, training_lock,
+                                  training_lock_holder)
 from webapp.training.watchdog import enforce_run_limits
 
 log = logging.getLogger("webapp.training.scheduler")
 
 JOB_IDS = ("retrain", "experiment_monitor", "housekeeping", "watchdog")
+# Seconds from a (re)start to each job's first run (or its interval, when shorter), staggered so
+# that the jobs do not fire together: housekeeping's moment with the training lock is over well
+# before the first retrain check, and their equal default intervals keep them this far apart.
+FIRST_RUN_SECONDS = {"watchdog": 10.0, "housekeeping": 20.0, "retrain": 35.0, "experiment_monitor": 50.0,
+                     "openwebui_pull": 65.0}
 _APP: Flask | None = None  # the app the persisted jobs run against (set by start)
 _CHILDREN: list[subprocess.Popen] = []
 _LOCK_FILE = None  # the open scheduler.lock while this process runs the scheduler
@@ -67,8 +75,31 @@ class SchedulerAlreadyRunning(RuntimeError):
 # ---------------------------------------------------------------------------- job bodies
 
 def training_in_progress() -> bool:
-    """True while some process holds the training lock (see webapp.training.runs)."""
-    return locks.is_held(locks.lock_path("training"))
+    """True while a training run (of any process) holds the training lock, or a holder that did
+    not say what it is doing (webapp.training.runs); housekeeping's brief hold is no run."""
+    who = training_lock_holder()
+    return who is not None and not who.get("brief")
+
+
+def _held_by(who: dict[str, Any]) -> dict[str, Any]:
+    """What the overview keeps of a lock holder's record."""
+    return {key: who.get(key) for key in ("job", "doing", "run_id", "pid", "since")}
+
+
+def _child_in_progress(proc: subprocess.Popen) -> dict[str, Any]:
+    """A retrain check's skip for a run this process started whose child is still alive."""
+    busy = db.select(TrainingRun).where(TrainingRun.status.in_(("queued", "running"))).order_by(TrainingRun.id.desc())
+    # its row names the child until the run takes it over (under accelerate launch, from another pid)
+    row = db.session.scalars(busy.filter_by(pid=proc.pid)).first() or db.session.scalars(busy).first()
+    which = f"#{row.id}" if row else f"pid {proc.pid}"
+    return {"action": "skip", "reason": f"a training run ({which}) is in progress",
+            "held_by": {"job": TRAINING_RUN, "doing": "training", "run_id": row.id if row else None,
+                        "pid": proc.pid, "since": None}}
+
+
+def _log_wait(who: dict[str, Any]) -> None:
+    log.info("retrain: waiting for %s (%s, pid %s) to release the training lock", who.get("job") or "its holder",
+             who.get("doing") or "no record", who.get("pid", "?"))
 
 
 def new_feedback_events() -> int:
@@ -83,10 +114,13 @@ def retrain_tick() -> dict[str, Any]:
     global _CHILDREN
 
     _CHILDREN = [p for p in _CHILDREN if p.poll() is None]
-    busy = db.session.scalars(db.select(TrainingRun).where(TrainingRun.status.in_(("queued", "running")))).first()
-    if _CHILDREN or training_in_progress():  # a child may not hold the lock yet right after its start
-        detail = f" (run #{busy.id}, {busy.status})" if busy else ""
-        return {"action": "skip", "reason": f"a training run is in progress{detail}"}
+    if _CHILDREN:  # a child may not hold the lock yet right after its start
+        return _child_in_progress(_CHILDREN[-1])
+    # a training run's hold ends the check; housekeeping's brief one is waited out (a few seconds)
+    patience = float(training_runs.BRIEF_HOLD_PATIENCE_SECONDS)
+    who = locks.wait_out_brief(locks.lock_path("training"), patience, on_wait=_log_wait)
+    if who is not None:
+        return {"action": "skip", "reason": describe_holder(who, patience), "held_by": _held_by(who)}
     events = new_feedback_events()
     needed = int(current_app.config["RLHF_RETRAIN_MIN_FEEDBACK"])
     if events < needed:
@@ -149,7 +183,8 @@ def housekeeping_tick() -> dict[str, Any]:
     removed_tmp = 0
     if not training_in_progress():
         try:
-            with training_lock():  # holding it proves no run is alive
+            # holding it proves no run is alive; its record tells others it is only for a moment
+            with training_lock(job="housekeeping", doing="cleaning up stale runs", brief=True):
                 recovered = recover_stale_runs()
                 removed_tmp = registry.remove_stale_temporaries(current_app.config["MODEL_STORE"])
                 runs_dir = Path(current_app.config["INSTANCE_DIR"]) / "runs"
@@ -279,12 +314,16 @@ def build_scheduler(app: Flask, blocking: bool = False):
                  "watchdog": cfg["RLHF_WATCHDOG_INTERVAL_SECONDS"]}
     # every job looks once soon after a (re)start, then at its interval: the overview can say at
     # once why the loop is or is not training, rather than "none yet" for an hour
-    soon = datetime.now(timezone.utc) + timedelta(seconds=30)
+    now = datetime.now(timezone.utc)
+
+    def first_run(job_id: str, seconds: float) -> datetime:
+        return now + timedelta(seconds=min(FIRST_RUN_SECONDS[job_id], seconds))
+
     for job_id in JOB_IDS:
         seconds = float(intervals[job_id])
         scheduler.add_job("webapp.training.scheduler:run_job", "interval", seconds=seconds, args=[job_id],
                           id=job_id, name=job_id.replace("_", " "), replace_existing=True,
-                          next_run_time=min(soon, datetime.now(timezone.utc) + timedelta(seconds=seconds)))
+                          next_run_time=first_run(job_id, seconds))
     backup_hours = float(cfg["RLHF_BACKUP_INTERVAL_HOURS"])
     if backup_hours > 0:  # optional: the first backup one interval after start
         scheduler.add_job("webapp.training.scheduler:run_job", "interval", seconds=backup_hours * 3600,
@@ -293,7 +332,7 @@ def build_scheduler(app: Flask, blocking: bool = False):
         seconds = float(cfg["RLHF_OPENWEBUI_PULL_INTERVAL_SECONDS"])
         scheduler.add_job("webapp.training.scheduler:run_job", "interval", seconds=seconds, args=["openwebui_pull"],
                           id="openwebui_pull", name="openwebui pull", replace_existing=True,
-                          next_run_time=min(soon, datetime.now(timezone.utc) + timedelta(seconds=seconds)))
+                          next_run_time=first_run("openwebui_pull", seconds))
     return scheduler
 
 
@@ -335,7 +374,7 @@ def claim_scheduler(app: Flask, where: str) -> None:
         return
     folder = _instance(app)
     try:
-        f = locks.acquire(folder / "scheduler.lock", wait=False)
+        f = locks.acquire(folder / "scheduler.lock", wait=False, job="scheduler", doing=where)
     except locks.LockBusy:
         other = _read_state(folder)
         raise SchedulerAlreadyRunning(
@@ -354,14 +393,15 @@ def release_scheduler() -> None:
 
 
 def _record(job: str, result: dict[str, Any]) -> None:
-    """Remember each job's last outcome (the overview says why the last retrain did or did not start)."""
+    """Remember each job's last outcome (the overview says why the last retrain did or did not
+    start, and, when the training lock stopped it, who held the lock)."""
     if _APP is None:
         return
     folder = _instance(_APP)
     with _STATE_LOCK:
         state = _read_state(folder)
         state.setdefault("last", {})[job] = {"at": utcnow().isoformat(), "action": result.get("action"),
-                                             "reason": result.get("reason")}
+                                             "reason": result.get("reason"), "held_by": result.get("held_by")}
         _write_state(folder, state)
 
 
@@ -372,7 +412,8 @@ def scheduler_running() -> bool:
 
 def scheduler_status() -> dict[str, Any]:
     """For the overview: whether the scheduler runs and where, each job's next run, and the
-    last retrain decision (``{"at", "action", "reason"}``)."""
+    last retrain decision (``{"at", "action", "reason", "held_by"}``; ``held_by``: the training
+    lock's holder when that stopped it)."""
     running = scheduler_running()
     state = _read_state(_instance())
     last = (state.get("last") or {}).get("retrain")
