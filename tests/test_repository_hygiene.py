@@ -40,7 +40,7 @@ def test_patterns_catch_what_an_instance_folder_holds():
                             "instance/models/v1-base/model.safetensors", "instance/scheduler.lock",
                             "instance/config.py"])
     assert len(caught) == 6
-    assert runtime_state(["instance/config.example.py", "webapp/core/settings.py", "README.md"]) == []
+    assert runtime_state(["instance/config.example.py", "webapp/core/settings/sources.py", "README.md"]) == []
 
 
 def test_no_runtime_state_is_tracked():
