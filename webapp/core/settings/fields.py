@@ -210,7 +210,7 @@ class Settings:
                                              "however active (168: a week)", "Sessions", above=0.0)
     max_request_mb: float = setting(1.0, "largest request body, in MiB; a larger one is refused with 413 before it is "
                                     "read", "Requests", above=0.0, high=1024.0)
-    # ---- feedback integrity (issue 16, web side): identities, accounts, the client address
+    # feedback integrity: new anonymous identities per address, end-user accounts, the client address
     new_identities_per_hour: int = setting(30, "new anonymous identities (cookies) one client address may create "
                                            "per hour; beyond it the API answers 429 (sign in, or try later). "
                                            "Existing identities and signed-in users are never affected. A household "
@@ -225,8 +225,7 @@ class Settings:
                                    "visitor has the proxy's address (one identity limit and one per-address rate "
                                    "limit for all); never set it without a proxy, or clients can forge their "
                                    "address with `X-Forwarded-For`", "Feedback integrity", low=0, high=10)
-    # ---- end of feedback integrity
-    # ---- safety (issue 17): the output rail
+    # safety: the output rail that checks every answer before it is shown
     rail_enabled: bool = setting(True, "the output rail: every answer (streamed, regenerated, compared) is checked "
                                  "before it is shown, against the blocked phrases and patterns and the personal-data "
                                  "presets of the admin's Safety page, and the served version's cost head when it has "
