@@ -1,4 +1,4 @@
-"""Flagging an answer as harmful (issue 17): the API (ownership, CSRF, validation, update in place,
+"""Flagging an answer as harmful: the API (ownership, CSRF, validation, update in place,
 removal, the rate limit), the flag in the conversation payload, training records and feedback
 events, the raw export, the admin feedback browser, and the flagged-rate guardrail."""
 from __future__ import annotations
