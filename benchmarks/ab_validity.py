@@ -16,8 +16,9 @@ and compare win rate 55/60% with it), ``guardrail`` (+10 points of thumbs-up rat
 0.41 stars worse, compare votes even: a loss as detectable as the gain). Reported, with Wilson 95% intervals: promotions, retirements on
 a significant result and at the maximum duration, per look frequency; median users at a
 decision; and a fixed-horizon test (the table's fixed-horizon intervals, one look at the
-maximum size) for comparison. ``--old`` also runs the previous policy (commit 73a5226: answers
-as independent trials, fixed-horizon p-values at every look), copied below, on the same data.
+maximum size) for comparison. ``--old`` also runs, on the same data, the per-answer policy the
+sequential one replaced (answers as independent trials, fixed-horizon p-values at every look),
+copied below as the baseline.
 
     .venv/bin/python benchmarks/ab_validity.py [--quick] [--old] [--sims N] [--json FILE]
 """
@@ -160,7 +161,7 @@ def _action(decision) -> str:
     return decision.action
 
 
-# ---------------------------------------------------------------------------- the old policy (73a5226)
+# ---------------------------------------------------------------------------- the old policy (per answer)
 # Its metrics treated every answer as an independent trial (pooled z-test on thumbs, Welch t on
 # star values, binomial test on votes; "enough data" = 30 answers per arm) and its policy acted on
 # those fixed-horizon p-values at every look. Only what its decide() read is computed.
@@ -203,7 +204,7 @@ def old_rows(cum: dict[str, np.ndarray], arm: np.ndarray) -> list[dict[str, Any]
 
 
 def old_decide(metrics: dict[str, Any], primary: str, alpha: float, max_hours: float, hours_running: float) -> str:
-    """The previous policy's decide() (73a5226), returning the action kind."""
+    """The old policy's decide(), returning the action kind."""
     guardrails = ("thumbs_up_rate", "mean_rating", "compare_win_rate")
     rows = {m["name"]: m for m in metrics["metrics"]}
     row = rows[primary]

@@ -40,7 +40,7 @@ def test_patterns_catch_what_an_instance_folder_holds():
                             "instance/models/v1-base/model.safetensors", "instance/scheduler.lock",
                             "instance/config.py"])
     assert len(caught) == 6
-    assert runtime_state(["instance/config.example.py", "webapp/core/settings.py", "README.md"]) == []
+    assert runtime_state(["instance/config.example.py", "webapp/core/settings/sources.py", "README.md"]) == []
 
 
 def test_no_runtime_state_is_tracked():
@@ -69,3 +69,74 @@ def test_instance_folders_are_ignored():
     assert sorted(result.stdout.split()) == sorted(probes)
     kept = subprocess.run(["git", "check-ignore", "instance/config.example.py"], cwd=ROOT, capture_output=True)
     assert kept.returncode == 1  # the example config stays tracked
+
+
+# ---------------------------------------------------------------------------- comments say what is
+# Source and documentation describe the code as it is; the history of how it got there belongs in
+# CHANGELOG.md and git. A work item ("issue", "round" or "session" and its number) or a commit hash
+# in a comment means nothing to a reader of the tree and goes stale when the code moves.
+HISTORY_SUFFIXES = (".py", ".js", ".html", ".md")
+HISTORY_EXEMPT = ("CHANGELOG.md",)  # history by design
+THIRD_PARTY = ("static/vendor/",)  # vendored as published, not ours to edit
+HISTORY_CHECK_EXCLUDED = ("rlhf/", "README.md", "docs/")  # not checked yet: being rewritten elsewhere
+WORK_ITEM = re.compile(r"(?<![\w-])(?:issues?|rounds?|sessions?) #?\d+\b|\bthis round\b", re.I)
+COMMIT_LIKE = re.compile(r"(?<![\w-])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![\w-])")
+JS_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+HTML_COMMENT = re.compile(r"<!--.*?-->|\{#.*?#\}", re.S)
+
+
+def python_comments(text: str) -> list[str]:
+    """The comments and docstrings of a Python source."""
+    import ast
+    import io
+    import tokenize
+
+    out = [tok.string for tok in tokenize.generate_tokens(io.StringIO(text).readline) if tok.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.append(ast.get_docstring(node, clean=False) or "")
+    return out
+
+
+def comments(path: str, text: str) -> list[str]:
+    if path.endswith(".py"):
+        return python_comments(text)
+    if path.endswith(".js"):
+        return JS_COMMENT.findall(text)
+    return HTML_COMMENT.findall(text)  # .html, and the comments of .md files
+
+
+def history_references(path: str, text: str) -> list[str]:
+    """``path: phrase`` for each work-item phrase anywhere in the file and each commit-like token in
+    one of its comments."""
+    found = [m.group(0) for m in WORK_ITEM.finditer(text)]
+    found += [m.group(0) for c in comments(path, text) for m in COMMIT_LIKE.finditer(c)]
+    return [f"{path}: {phrase}" for phrase in found]
+
+
+def test_history_check_catches_work_items_and_commits():
+    # the check itself must be able to fail, and must leave ordinary text alone (the examples are
+    # built with f-strings so that this file does not contain what it looks for)
+    n, sha = 17, "ab1f2c3"
+    assert history_references("a.py", f'"""The output rail (issue {n})."""\n') == [f"a.py: issue {n}"]
+    assert history_references("a.py", f"x = 1  # as in {sha}\n") == [f"a.py: {sha}"]
+    assert history_references("a.js", f"/* fixed in Round {n} */ let x;\n// see commit {sha}d\n") == \
+        [f"a.js: Round {n}", f"a.js: {sha}d"]
+    assert history_references("a.html", f"<!-- session {n}: added --><p>this {'round'}</p>") == \
+        [f"a.html: session {n}", f"a.html: this {'round'}"]
+    assert history_references("b.md", f"<!-- {sha} -->\n") == [f"b.md: {sha}"]
+    assert history_references("b.md", f"measured at {sha}; the user loader of this session\n") == []
+    assert history_references("a.py", f'SHA = "{sha}"  # a value, not a comment\nrun(["--rounds", "40"])\n') == []
+    assert history_references("a.js", 'fetch("--rounds 40"); const d = 86400000; // decade\n') == []
+
+
+def test_no_history_references_in_comments():
+    found = []
+    for path in tracked_files():
+        if (not path.endswith(HISTORY_SUFFIXES) or path in HISTORY_EXEMPT
+                or path.startswith(THIRD_PARTY) or path.startswith(HISTORY_CHECK_EXCLUDED)):
+            continue
+        file = ROOT / path
+        if file.is_file():
+            found += history_references(path, file.read_text())
+    assert found == [], "describe what is (history belongs in CHANGELOG.md): " + "; ".join(found)

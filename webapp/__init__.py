@@ -15,7 +15,7 @@ from webapp.core.settings import ROOT, build_config  # noqa: E402
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
-    """Build the app. ``config`` overrides every other source (see webapp/core/settings.py). The
+    """Build the app. ``config`` overrides every other source (see webapp/core/settings/). The
     database is brought to the code's schema revision on the way (webapp/core/migrations.py)."""
     cfg = build_config(config)
     app = Flask(__name__, instance_path=cfg["INSTANCE_DIR"], template_folder=str(ROOT / "templates"),

@@ -23,9 +23,10 @@ significant (benchmarks/ab_validity.py, guardrail scenario). It is always-valid 
 sequence covers the true difference at every look with probability at least 1 - alpha, so a
 guardrail that is truly worse by a typical effect or more clears at *any* look with probability
 at most ``guardrail_alpha`` (1 %, stricter than the primary metric's 5 %: a harm slipping through
-is worse than a gain found late), however often the monitor looks. (An earlier rule also cleared a guardrail that
-merely looked no worse at one look; a true loss between one and two typical effects then slipped
-through at some look: 1.8 % of the guardrail scenario's variants at tuning 500.)
+is worse than a gain found late), however often the monitor looks. A guardrail whose estimate
+merely looks no worse at one look does not clear: with that weaker rule a true loss between one
+and two typical effects slips through at some look (1.8 % of the guardrail scenario's variants at
+tuning 500).
 """
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""The output rail (issue 17): rules and interventions in the database, the admin's Safety page."""
+"""The output rail as the chat serves it: rules and interventions in the database, the admin's Safety page."""
