@@ -2,13 +2,13 @@
 
 import { els, narrow } from "./dom.js";
 import { closeDrawer } from "./drawer.js";
-import { api } from "./http.js";
+import { api, setCsrfToken } from "../http.js";
 import { announce, showError } from "./notify.js";
 import { state } from "./state.js";
 
 export async function loadSession() {
   const data = await api("GET", "/api/session");
-  state.csrf = data.csrf_token;
+  setCsrfToken(data.csrf_token);
   state.compareRate = data.compare_rate || 0;
   showAccount(data.username, data.is_admin);
   // Arms are blind: only an admin is told the version and arm (the badge stays hidden for everyone else).
@@ -56,7 +56,7 @@ async function submitAccount() {
   try {
     const data = await api("POST", register ? "/api/account/register" : "/api/account/login", body);
     els.accountPassword.value = "";
-    if (data.csrf_token) state.csrf = data.csrf_token;  // signing in starts a new CSRF token
+    if (data.csrf_token) setCsrfToken(data.csrf_token);  // signing in starts a new CSRF token
     if (register) {  // the same user, now with an account: nothing else on the page changes
       els.accountDialog.close();
       showAccount(data.username, false);

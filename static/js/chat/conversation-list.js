@@ -3,7 +3,7 @@
 import { newChat, setTitle } from "./conversation.js";
 import { cloneTemplate, els, narrow } from "./dom.js";
 import { closeDrawer } from "./drawer.js";
-import { api } from "./http.js";
+import { api } from "../http.js";
 import { announce, showError } from "./notify.js";
 import { state } from "./state.js";
 

@@ -3,7 +3,7 @@
 import { renderList } from "./conversation-list.js";
 import { els, narrow } from "./dom.js";
 import { closeDrawer } from "./drawer.js";
-import { api } from "./http.js";
+import { api } from "../http.js";
 import { showError } from "./notify.js";
 import { render } from "./render.js";
 import { state } from "./state.js";

@@ -2,7 +2,7 @@
 
 import { openConversation } from "./conversation.js";
 import { els, REASONS_DOWN, REASONS_UP, setLabel, setPressed } from "./dom.js";
-import { api } from "./http.js";
+import { api } from "../http.js";
 import { showError } from "./notify.js";
 import { nodeOf, render } from "./render.js";
 import { state } from "./state.js";

@@ -1,7 +1,7 @@
 // Flagging an answer as harmful: a category menu, an optional note; changed or removed in place.
 
 import { setPressed } from "./dom.js";
-import { api } from "./http.js";
+import { api } from "../http.js";
 import { announce } from "./notify.js";
 import { nodeOf } from "./render.js";
 

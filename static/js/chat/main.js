@@ -10,7 +10,7 @@ import { newChat, openConversation } from "./conversation.js";
 import { refreshList } from "./conversation-list.js";
 import { els, narrow } from "./dom.js";
 import { closeDrawer, openDrawer } from "./drawer.js";
-import { ApiError } from "./http.js";
+import { ApiError } from "../http.js";
 import { copyWithFeedback, showError } from "./notify.js";
 import { atBottom, scrollToEnd, updateScrollButton } from "./render.js";
 import { send, updateCharCount } from "./send.js";

@@ -5,7 +5,7 @@ import { lastAnswerId } from "./branches.js";
 import { openConversation } from "./conversation.js";
 import { refreshList } from "./conversation-list.js";
 import { els, maxChars } from "./dom.js";
-import { api } from "./http.js";
+import { api } from "../http.js";
 import { pendingNode, userNode } from "./messages.js";
 import { announce, showError } from "./notify.js";
 import { render, scrollToEnd } from "./render.js";

@@ -1,8 +1,6 @@
 // What the chat page knows: the session, the open conversation and which branches it shows.
 
 export const state = {
-  // the page's own token (works before /api/session answers, e.g. to sign in when it refuses)
-  csrf: (document.querySelector('meta[name="csrf-token"]') || {}).content || null,
   compareRate: 0,        // share of questions answered side by side while an experiment runs
   conversations: [],
   conv: null,            // {id, title, messages: Map, children: Map, comparisons: Map}

@@ -4,7 +4,7 @@ import * as markdown from "../markdown.js";
 import { visiblePath } from "./branches.js";
 import { openConversation } from "./conversation.js";
 import { els } from "./dom.js";
-import { ApiError } from "./http.js";
+import { ApiError, openStream } from "../http.js";
 import { pendingNode, userNode } from "./messages.js";
 import { announce } from "./notify.js";
 import { nodeOf, render, scrollToEnd, updateScrollButton } from "./render.js";
@@ -56,16 +56,7 @@ export async function stream(url, body, opts) {
   let done = null;
   let failure = null;
   try {
-    const resp = await fetch(url, {
-      method: "POST", credentials: "same-origin", signal: state.abort.signal,
-      headers: { "Content-Type": "application/json", "Accept": "text/event-stream", "X-CSRFToken": state.csrf },
-      body: JSON.stringify(body),
-    });
-    if (!resp.ok) {
-      let data = null;
-      try { data = await resp.json(); } catch (e) { /* not JSON */ }
-      throw new ApiError((data && data.error) || `Request failed (${resp.status})`);
-    }
+    const resp = await openStream(url, body, state.abort.signal);
     const reader = resp.body.getReader();
     const decoder = new TextDecoder();
     let buffer = "";
