@@ -1,11 +1,11 @@
 // The open conversation: a new chat, opening one (its messages as a tree), the title.
 
-import { renderList } from "./conversation-list.js";
 import { els, narrow } from "./dom.js";
 import { closeDrawer } from "./drawer.js";
 import { api } from "../http.js";
 import { showError } from "./notify.js";
 import { render } from "./render.js";
+import { renderList } from "./sidebar.js";
 import { state } from "./state.js";
 
 export function setTitle(title) {

@@ -7,13 +7,13 @@
 
 import { bindAccount, loadSession } from "./account.js";
 import { newChat, openConversation } from "./conversation.js";
-import { refreshList } from "./conversation-list.js";
 import { els, narrow } from "./dom.js";
 import { closeDrawer, openDrawer } from "./drawer.js";
 import { ApiError } from "../http.js";
 import { copyWithFeedback, showError } from "./notify.js";
 import { atBottom, scrollToEnd, updateScrollButton } from "./render.js";
 import { send, updateCharCount } from "./send.js";
+import { refreshList } from "./sidebar.js";
 import { state } from "./state.js";
 
 const SUGGESTIONS = ["How do I cook rice?", "Any tips to start running?", "How can I save money?",

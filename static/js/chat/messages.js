@@ -1,11 +1,11 @@
 // One node per message: questions (pager, copy, edit), answers (siblings, copy, ratings, flag,
 // regenerate), a side-by-side compare, the placeholder of an answer being written.
 
-import * as markdown from "../markdown.js";
 import { siblingsOf } from "./branches.js";
 import { cloneTemplate } from "./dom.js";
 import { openCorrection, openFeedbackPanel, paintFeedback, saveFeedback, starKeys, thumb, vote } from "./feedback.js";
 import { paintFlag, toggleFlagPanel } from "./flags.js";
+import * as markdown from "../markdown.js";
 import { copyWithFeedback } from "./notify.js";
 import { render } from "./render.js";
 import { regenerate, sendEdit } from "./send.js";

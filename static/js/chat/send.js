@@ -3,12 +3,12 @@
 
 import { lastAnswerId } from "./branches.js";
 import { openConversation } from "./conversation.js";
-import { refreshList } from "./conversation-list.js";
 import { els, maxChars } from "./dom.js";
 import { api } from "../http.js";
 import { pendingNode, userNode } from "./messages.js";
 import { announce, showError } from "./notify.js";
 import { render, scrollToEnd } from "./render.js";
+import { refreshList } from "./sidebar.js";
 import { state } from "./state.js";
 import { stream } from "./stream.js";
 

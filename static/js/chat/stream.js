@@ -1,10 +1,10 @@
 // The answer stream: server-sent events rendered as markdown while they arrive.
 
-import * as markdown from "../markdown.js";
 import { visiblePath } from "./branches.js";
 import { openConversation } from "./conversation.js";
 import { els } from "./dom.js";
 import { ApiError, openStream } from "../http.js";
+import * as markdown from "../markdown.js";
 import { pendingNode, userNode } from "./messages.js";
 import { announce } from "./notify.js";
 import { nodeOf, render, scrollToEnd, updateScrollButton } from "./render.js";
