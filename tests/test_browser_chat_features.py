@@ -196,19 +196,20 @@ def test_streamed_markdown_updates_in_place(page):
     """Re-rendering a growing answer keeps every finished block as the same DOM node (nothing is
     torn down and rebuilt, so nothing flickers), never fails on half-written markdown (an open
     code fence, half a table, "**bo"), and ends exactly where a one-shot render ends."""
-    result = page.evaluate("""(text) => {
+    result = page.evaluate("""async (text) => {
+        const markdown = await import("/static/js/markdown.js");  // the module the chat page imports
         const el = document.createElement("div");
         document.body.append(el);
         let firstBlock = null, codeBlock = null, renders = 0;
         for (let i = 1; i <= text.length; i += 2) {
-            ChatMarkdown.update(el, text.slice(0, i));
+            markdown.update(el, text.slice(0, i));
             renders++;
             if (!firstBlock) firstBlock = el.firstElementChild;
             if (!codeBlock && text.slice(0, i).includes("def cook")) codeBlock = el.querySelector(".code-block");
         }
-        ChatMarkdown.update(el, text);
+        markdown.update(el, text);
         const fresh = document.createElement("div");
-        fresh.innerHTML = ChatMarkdown.html(text);
+        fresh.innerHTML = markdown.html(text);
         // isEqualNode: the same tree (innerHTML could differ in the order of a kept node's attributes)
         const out = {renders, same: el.isEqualNode(fresh), firstKept: el.firstElementChild === firstBlock,
                      codeKept: el.querySelector(".code-block") === codeBlock && codeBlock !== null,

@@ -65,7 +65,7 @@ def test_security_headers_on_every_kind_of_response(app, client):
         "chat page": client.get("/"),
         "API": client.get("/api/session"),
         "login page": client.get("/admin/login"),
-        "static file": client.get("/static/js/chat.js"),
+        "static file": client.get("/static/js/chat/main.js"),
         "API 404": client.get("/api/conversations/999"),
         "page 404": client.get("/no-such-page"),
         "CSRF 400": client.post("/api/conversations", json={}),
