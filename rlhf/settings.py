@@ -199,7 +199,7 @@ class TrustSettings:
     preferences polite, concise and detailed, 3-5 seeds each."""
     enabled: bool = knob(True, "weigh each rater's feedback before training: volume caps, new identities, "
                          "reliability from agreement with the other raters, quarantine of raters who consistently "
-                         "disagree (false: every rating counts the same, as before)")
+                         "disagree (false: every rating counts the same)")
     max_share: float = knob(0.1, "no rater makes more than this share of a cycle's signal (water-filling: the "
                             "heaviest are cut to a common level); with fewer than 1/max_share raters every rater "
                             "counts the same. 0.1: one person is at most a tenth of a cycle, and it cost 30 honest "

@@ -6,7 +6,7 @@ autoescaping), ``nosniff``, ``DENY`` framing and a same-origin referrer; with
 ``RLHF_COOKIE_SECURE`` (served over HTTPS) also HSTS. A request body over ``RLHF_MAX_REQUEST_MB``
 (Flask's MAX_CONTENT_LENGTH) is refused with 413 before anything reads it.
 
-Rate limits (Flask-Limiter, configured in webapp/config.py) count per user (the signed
+Rate limits (Flask-Limiter, webapp/core/extensions.py; the limits are settings) count per user (the signed
 session cookie, or the logged-in admin) and per client address, so one user cannot flood the
 model and one address cannot get around that with fresh cookies -- nor make more than
 ``RLHF_NEW_IDENTITIES_PER_HOUR`` fresh cookies an hour (:func:`check_new_identity_limit`, which
