@@ -156,7 +156,7 @@ def test_path_check_finds_a_made_up_path():
 
 HISTORY = [
     re.compile(r"\bissues?\s+#?\d+", re.I),                   # "issue 15", "issues 15 and 16"
-    re.compile(r"\brounds?\s+\d+\b", re.I),                   # "round 3"
+    re.compile(r"(?<!--)\brounds?\s+\d+\b", re.I),             # "round 3" (not an option: --rounds 40)
     re.compile(r"(?:\b|_)sessions?[\s_]*\d+\b", re.I),         # "session 5", "ab_validity_session5"
     re.compile(r"\bthis (?:round|issue|task)\b", re.I),       # "the changes of this round"
     # a commit: 7-40 hex digits with a letter and a digit, not part of a longer word, number,
@@ -180,5 +180,5 @@ def test_history_check_finds_history_and_nothing_else():
                    "round; measured at commit `7010bdc`; ab_validity_session5.json") == [
         "issue 15", "_session5", "this round", "62d081f", "7010bdc"]
     assert history("SQLite group commit; max-age=31536000; colour #a1b2c3d; default-bf8423b3522f; "
-                   "3 rounds each; 1 round left; a session's generation; defaced; "
+                   "3 rounds each; 1 round left; signin_timing.py --rounds 40; a session's generation; defaced; "
                    "sha256 " + "ab12" * 16) == []
