@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks.closed_loop import db_state, server_env, wait_for  # noqa: E402
-from rlhf import corpus  # noqa: E402
+from rlhf.data import corpus  # noqa: E402
 from rlhf.sim.preferences import preference  # noqa: E402
 from rlhf.sim.users import Behaviour, SimulatedUser, prompt_set  # noqa: E402
 from tests.conftest import cached_model, make_app, register_model  # noqa: E402

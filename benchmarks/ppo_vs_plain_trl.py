@@ -27,7 +27,7 @@ from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer  # noqa: E402
 
 from benchmarks.stage_timing import preference_pairs, stage_result, time_side_by_side  # noqa: E402
-from rlhf import corpus  # noqa: E402
+from rlhf.data import corpus  # noqa: E402
 from rlhf.policy import train_ppo  # noqa: E402
 from rlhf.reward.training import train_reward_model  # noqa: E402
 from rlhf.settings import PolicySettings  # noqa: E402

@@ -3,13 +3,13 @@
 Each benchmark script runs as its own process, one after the other (they would compete for
 the cores otherwise), with ``--json FILE`` (or, for scripts whose ``--json`` is a flag, the
 JSON they print); the raw results go to ``benchmarks/results/<name>.json`` together with the
-command, exit status, wall time, commit and date, and the table is rendered from them:
-per benchmark the command that reproduces it, the medians, the baseline measured in the same
-run, the ratio, the target and whether it was met. A script that does not exist (yet) is
+command, exit status, wall time, commit and date, and the table is rendered from them: per
+benchmark the command that reproduces it, the medians, the baseline measured in the same run,
+the ratio, the target and whether it was met, and the date it was measured. A script that does not exist (yet) is
 listed as not available; one that fails is listed as failed with its log.
 
 ``closed_loop`` takes several minutes (7 on an idle 2-core machine, 15+ on a busy one): by
-default its last stored result is reused (marked as such, with its own commit and date),
+default its last stored result is reused (marked as such, with its own date),
 ``--closed-loop run`` runs it again, ``--closed-loop skip`` leaves it out.
 
     .venv/bin/python benchmarks/run_all.py [--quick] [--only NAME ...] [--skip NAME ...]
@@ -228,7 +228,8 @@ def rows_closed_loop(results: list[dict]) -> list[list[str]]:
 
 
 def rows_ab_validity(r: dict) -> list[list[str]]:
-    """The promotion policy's error rates and power, after vs before (``--old``) on the same data."""
+    """The promotion policy's error rates and power, against the answers-as-trials policy (``--old``) on the
+    same data."""
     sc = {x["scenario"]: x for x in r["scenarios"]}
 
     def rate(cell: dict) -> str:
@@ -236,7 +237,7 @@ def rows_ab_validity(r: dict) -> list[list[str]]:
         return f"{100 * v:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
     def old(name: str, key: str, action: str) -> str:
-        return f"{rate(sc[name]['old'][key][action])} (before)" if "old" in sc.get(name, {}) else "–"
+        return f"{rate(sc[name]['old'][key][action])} (answers as trials, `--old`)" if "old" in sc.get(name, {}) else "–"
 
     out = []
     if "aa" in sc:
@@ -346,7 +347,8 @@ BENCHMARKS = [
               "cost of serving and of a cycle at 1 M / 11 M / 124 M parameters and against feedback volume",
               rows_scaling),
     Benchmark("ab_validity", "ab_validity.py", ["--old"], ["--quick", "--old"], 7200,
-              "simulated A/A and A/B experiments through the promotion policy, before and after", rows_ab_validity),
+              "simulated A/A and A/B experiments through the promotion policy, and the answers-as-trials policy "
+              "(`--old`) on the same data", rows_ab_validity),
     Benchmark("signin_timing", "signin_timing.py", ["--rounds", "40"], ["--rounds", "5"], 900,
               "failed sign-ins: an unknown name vs a wrong password (admin login and end-user sign-in)", rows_signin),
     Benchmark("v1_overhead", "v1_overhead.py", ["--runs", "100"], ["--runs", "5"], 1800,
@@ -468,7 +470,7 @@ def render(entries: dict[str, dict | None], invocation: str) -> str:
     m = machine()
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     lines = ["# Benchmark results", "",
-             f"Written by `{invocation}` on {now} at commit {git_commit()}.",
+             f"Written by `{invocation}` on {now}.",
              "Each benchmark compares against a baseline measured in the same run (same machine, same moment);",
              "ratios are the numbers to read, absolute times depend on the machine and on what else it runs.", "",
              "## Machine", "",
@@ -480,7 +482,7 @@ def render(entries: dict[str, dict | None], invocation: str) -> str:
              "## Results", "",
              "| benchmark | metric | ours (median) | baseline, same run | ratio | target | met |",
              "|---|---|---|---|---|---|---|"]
-    details = ["", "## Runs", "", "| benchmark | what | status | command | wall | commit, date | load avg |",
+    details = ["", "## Runs", "", "| benchmark | what | status | command | wall | date (UTC) | load avg |",
                "|---|---|---|---|---|---|---|"]
     for b in BENCHMARKS:
         entry = entries.get(b.name)
@@ -507,7 +509,7 @@ def render(entries: dict[str, dict | None], invocation: str) -> str:
         load = f"{meta.get('loadavg_before', ['?'])[0]} / {meta.get('loadavg_after', ['?'])[0]}" if meta else "–"
         details.append(f"| `{b.name}` | {b.what} | {status} | `{meta.get('command', ' '.join(b.command(False)))}` | "
                        f"{_f(meta.get('wall_s'), 0) + ' s' if meta.get('wall_s') is not None else '–'} | "
-                       f"{meta.get('commit', '–')}, {meta.get('date', '–')[:16]} | {load} |")
+                       f"{meta.get('date', '–')[:16]} | {load} |")
     details += ["", "Raw results (medians, every repeat, settings) are in `benchmarks/results/<name>.json`, "
                 "logs in `benchmarks/results/<name>.log`. Reproduce one benchmark with its command above, or all "
                 "of them with `.venv/bin/python benchmarks/run_all.py` (`--closed-loop run` to rerun the "

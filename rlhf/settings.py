@@ -69,8 +69,8 @@ class DataSettings:
                                            low=0)
     mismatched_pairs_per_answer: int = knob(0, "mismatched pairs per liked answer (the answer under its own question "
                                             "over the same answer under another user's question; reward model and "
-                                            "judge only); 0: none (on the embedded model they did not help: README, "
-                                            "the preference zoo)", low=0)
+                                            "judge only); 0: none (on the embedded model they did not help: "
+                                            "benchmarks/RESULTS.md, the preference zoo)", low=0)
     max_criterion_pairs_per_answer: int = knob(3, "pairs one flagged or chip-labelled answer may join for its "
                                                "criterion's head (rlhf.data.criteria)", low=0)
     seed: str = knob("rlhf", "seed of the train/eval split (a string: the split is a hash)")
@@ -90,8 +90,8 @@ class RewardSettings:
 
 @dataclass(frozen=True)
 class CriteriaSettings:
-    """Per-criterion heads and the safety constraint (rlhf.data.criteria, rlhf.reward.criteria_heads; README:
-    "Criteria and the safety constraint")."""
+    """Per-criterion heads and the safety constraint (rlhf.data.criteria, rlhf.reward.criteria_heads;
+    docs/trust-and-safety.md, "Criteria and the safety constraint")."""
     enabled: bool = knob(True, "train one score head per criterion (safety from flags and the rude chip; "
                          "politeness, concision, accuracy, relevance from reason chips) on the reward model's "
                          "backbone, where enough labels exist")
@@ -193,13 +193,13 @@ class EvalSettings:
 # ---------------------------------------------------------------------------- rater trust (rlhf.trust.assessment)
 @dataclass(frozen=True)
 class TrustSettings:
-    """How much each rater's feedback counts (rlhf.trust.assessment; README: "How the loop defends
-    itself"). The numbers in the help texts were measured with rlhf.sim.users.simulate_records:
+    """How much each rater's feedback counts (rlhf.trust.assessment; docs/trust-and-safety.md, "How the
+    loop defends itself"). The numbers in the help texts were measured with rlhf.sim.users.simulate_records:
     30 honest users asking 10 questions each, with or without 10 or 20 contrary users asking 30,
     preferences polite, concise and detailed, 3-5 seeds each."""
     enabled: bool = knob(True, "weigh each rater's feedback before training: volume caps, new identities, "
                          "reliability from agreement with the other raters, quarantine of raters who consistently "
-                         "disagree (false: every rating counts the same, as before)")
+                         "disagree (false: every rating counts the same)")
     max_share: float = knob(0.1, "no rater makes more than this share of a cycle's signal (water-filling: the "
                             "heaviest are cut to a common level); with fewer than 1/max_share raters every rater "
                             "counts the same. 0.1: one person is at most a tenth of a cycle, and it cost 30 honest "

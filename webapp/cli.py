@@ -1,4 +1,4 @@
-"""Operator commands: ``flask --app webapp <command>`` (the README's CLI section is their contract)."""
+"""Operator commands: ``flask --app webapp <command>`` (docs/cli.md is their contract)."""
 from __future__ import annotations
 
 import contextlib
@@ -420,7 +420,7 @@ def scheduler_command() -> None:
 
 @click.command("settings")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of {name, env, group, value, default, source}.")
-@click.option("--markdown", is_flag=True, help="Print the README's configuration tables (generated from the definitions).")
+@click.option("--markdown", is_flag=True, help="Print the configuration tables of docs/configuration.md (generated from the definitions).")
 def settings_command(as_json: bool, markdown: bool) -> None:
     """Every setting's effective value and where it came from (default, a file, the environment,
     create_app). Secrets are masked."""

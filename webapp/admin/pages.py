@@ -274,7 +274,7 @@ def raters():
 
 
 def _code_spans(text: str) -> Markup:
-    """Escaped text with its `code` spans (as the README writes them) in <code>."""
+    """Escaped text with its `code` spans (as the docs write them) in <code>."""
     return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(text))))
 
 

@@ -3,7 +3,7 @@
 Pure function of the table (:func:`webapp.experiments.table.metrics_table`, which
 ``metrics.experiment_metrics`` returns) so it can be tested on constructed tables and driven
 by simulations. It decides on the *sequential* intervals (asymptotic confidence sequences over
-users, see the README's "How verdicts are computed"), which stay valid however often the
+users, see docs/experiments.md, "How verdicts are computed"), which stay valid however often the
 monitor looks; the fixed-horizon p-values in the table are for reference only:
 
 * promote -- the primary metric has enough users with data in both arms and its sequential

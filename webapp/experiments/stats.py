@@ -3,8 +3,8 @@
 No Flask, no database: plain numbers in, plain dataclasses/dicts out (Python floats, so the
 results serialise to JSON). Intervals are two-sided at level ``1 - alpha`` (95% by default).
 
-What experiment verdicts use (users are the unit of analysis; see the README, "How verdicts
-are computed"):
+What experiment verdicts use (users are the unit of analysis; see docs/experiments.md, "How
+verdicts are computed"):
 
 * ratio metrics over users (``ratio_arm``): sum of per-user numerators over sum of per-user
   denominators, with the delta-method variance (as GrowthBook's ratio metrics);

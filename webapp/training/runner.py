@@ -257,7 +257,7 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
 
 
 def summary(run: TrainingRun, version: ModelVersion | None) -> dict[str, Any]:
-    """The `rl-train --json` object (README, CLI)."""
+    """The `rl-train --json` object (docs/cli.md)."""
     m = run.metrics or {}
     ev = m.get("evaluation", {})
     return {

@@ -29,7 +29,7 @@ from webapp.core.extensions import db
 from webapp.core.models import ModelVersion, TrainingRun, utcnow
 from webapp.core.settings import ROOT
 
-# Exit codes of `rl-train` (documented in the README).
+# Exit codes of `rl-train` (documented in docs/cli.md).
 EXIT_OK, EXIT_REFUSED, EXIT_GATE_REJECTED, EXIT_FAILED = 0, 2, 3, 1
 
 

@@ -14,8 +14,8 @@ effective value and its source; the admin dashboard's Settings page shows the sa
 
 The modules, by role: ``fields`` (the definitions), ``specs`` (every setting as one flat spec),
 ``sources`` (reading, merging and checking the sources; the Flask config), ``secret_key`` (the
-generated cookie-signing key) and ``documentation`` (the effective values as shown, the README's
-tables). The names below are the ones the rest of the app and the tests import.
+generated cookie-signing key) and ``documentation`` (the effective values as shown, the configuration
+tables of docs/configuration.md). The names below are the ones the rest of the app and the tests import.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The settings as people see them: every effective value with its source, secrets masked (the
-admin's Settings page, ``flask --app webapp settings``), and the README's configuration tables
-(``flask --app webapp settings --markdown``; tests/test_config.py keeps README.md equal to them)."""
+admin's Settings page, ``flask --app webapp settings``), and the configuration tables of docs/configuration.md
+(``flask --app webapp settings --markdown``; tests/test_config.py keeps that page equal to them)."""
 from __future__ import annotations
 
 from typing import Any
@@ -46,7 +46,7 @@ def effective(settings: Settings, sources: dict[str, str]) -> list[dict[str, Any
 
 
 def markdown_tables() -> str:
-    """The README's configuration tables, generated from the definitions (a test keeps them equal)."""
+    """The configuration tables of docs/configuration.md, generated from the definitions (a test keeps them equal)."""
     def table(specs: list[Spec]) -> list[str]:
         lines = ["| Variable | Default | Meaning |", "|---|---|---|"]
         for spec in specs:

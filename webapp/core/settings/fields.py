@@ -107,8 +107,8 @@ class Settings:
     inference_url: str | None = setting(None, "base URL of an OpenAI-compatible inference server (vLLM, or "
                                         "`python -m rlhf.generation.openai_server`) that generates the answers instead "
                                         "of this process, e.g. `http://gpu-box:8000`; each version is requested by its "
-                                        "name, LoRA versions are registered there when first served (README: "
-                                        "\"Inference backend (vLLM)\"). None: in-process generation", "Generation",
+                                        "name, LoRA versions are registered there when first served (docs/"
+                                        "architecture.md, \"Inference backend (vLLM)\"). None: in-process generation", "Generation",
                                         check=_http_url)
     inference_timeout_seconds: float = setting(120.0, "with `RLHF_INFERENCE_URL`: longest wait for the server's next "
                                                "bytes (the answer fails with an error in the chat after it)",
@@ -135,7 +135,7 @@ class Settings:
     train_processes: int = setting(1, "processes a training run started by the scheduler or the admin's train-now "
                                    "uses: above 1, `rl-train` runs under `accelerate launch --num_processes N` "
                                    "(data parallel; one process per GPU, or gloo on CPUs; see [Training on several "
-                                   "processes](#training-on-several-processes-or-gpus))", "Scheduler", low=1)
+                                   "processes](training.md#training-on-several-processes-or-gpus))", "Scheduler", low=1)
     accelerate_config: str = setting("", "accelerate config file for such runs (e.g. `rlhf/launch/"
                                      "deepspeed_zero2.yaml`; relative to the repository root); empty: the bundled data-parallel config for the "
                                      "device, `rlhf/launch/multi_gpu.yaml` or `multi_cpu.yaml`", "Scheduler",

@@ -40,7 +40,7 @@ class Spec:
         return (check(value) if check and value is not None else None) or problem_with(value, self.meta)
 
 
-# Short names for the training settings operators change most (the README's first table).
+# Short names for the training settings operators change most (docs/configuration.md's first table).
 TRAINING_ALIASES = {"RLHF_RETRAIN_ALGORITHM": "training.algorithm", "RLHF_PPO_EPISODES": "training.policy.episodes",
                     "RLHF_POLICY_LR": "training.policy.learning_rate", "RLHF_KL_COEF": "training.policy.kl_coef",
                     "RLHF_LORA": "training.policy.lora", "RLHF_MIN_PAIRS": "training.min_pairs",
