@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf import registry
+from rlhf.models import registry
 from tests.conftest import ApiClient, flask_cli, make_app, register_model
 from tests.feedback_factory import seed_feedback
 from webapp.core.extensions import db
