@@ -48,6 +48,7 @@ from rlhf.sim.users import Behaviour, SimulatedUser, prompt_set  # noqa: E402
 from tests.conftest import cached_model, make_app, register_model  # noqa: E402
 from tests.live_server import LiveServer  # noqa: E402
 from webapp.core.extensions import db  # noqa: E402
+from webapp.core.instance_paths import resolve  # noqa: E402
 from webapp.core.models import ModelVersion, TrainingRun  # noqa: E402
 from webapp.experiments import stats as ab_stats  # noqa: E402
 
@@ -120,10 +121,12 @@ def _version_dirs(instance: Path, run_id: int) -> tuple[tuple[str | None, str | 
         version = db.session.get(ModelVersion, run.version_id) if run and run.version_id else None
         parent = db.session.get(ModelVersion, version.parent_id) if version and version.parent_id else None
         rm = (run.metrics or {}).get("reward_model_path") if run else None
+        rm = str(resolve(rm)) if rm else None
         trust = (run.feedback_counts or {}).get("trust") if run else None
         gate = ((run.metrics or {}).get("evaluation") or {}).get("reasons") if run else None
+        paths = (parent.location if parent else None, version.location if version else None, rm)
         db.session.remove()
-    return (parent.path if parent else None, version.path if version else None, rm), trust, gate
+    return paths, trust, gate
 
 
 def satisfaction(model_dir: str, pref: str, questions: list[str], seed: int = 7) -> list[bool]:

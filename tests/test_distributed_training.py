@@ -95,8 +95,8 @@ def test_two_processes_train_one_valid_version(instance):
         assert run.metrics["evaluation"]["verdict"] and run.metrics["evaluation"]["heldout"] is not None
         version = db.session.get(ModelVersion, run.version_id)
         assert version.name == out["version"]["name"] and version.training_run_id == run.id
-        assert registry.is_complete(version.path)
-        path = version.path
+        assert registry.is_complete(version.location)
+        path = version.location
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     assert AutoModelForCausalLM.from_pretrained(path) is not None

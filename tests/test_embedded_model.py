@@ -136,7 +136,7 @@ def _cli(tmp_path, monkeypatch, **env):
 def _versions(tmp_path):
     app = create_app({"INSTANCE_DIR": str(tmp_path)})
     with app.app_context():
-        return [(v.name, v.kind, v.status, v.path) for v in db.session.scalars(db.select(ModelVersion)
+        return [(v.name, v.kind, v.status, v.location) for v in db.session.scalars(db.select(ModelVersion)
                                                                               .order_by(ModelVersion.id))]
 
 

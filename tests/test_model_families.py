@@ -102,7 +102,7 @@ def loaded_of(app, name: str):
     from webapp.serving.routing import model_pool
 
     with app.app_context():
-        path = db.session.scalars(db.select(ModelVersion).filter_by(name=name)).one().path
+        path = db.session.scalars(db.select(ModelVersion).filter_by(name=name)).one().location
         return model_pool().get(path, name)
 
 
@@ -261,7 +261,7 @@ def test_rl_train_lora_gate_adapter_serving_promote_and_rollback(imported):
         run = db.session.scalars(db.select(TrainingRun)).one()
         assert run.metrics["evaluation"]["verdict"] == "passed"  # the gate's verdict is recorded
         version = db.session.scalars(db.select(ModelVersion).filter_by(name=out["version"]["name"])).one()
-        version_id, path = version.id, version.path
+        version_id, path = version.id, version.location
     assert is_adapter(path)
     # LoRA adapts the attention and the MLP projections of every family
     targets = set(json.loads((Path(path) / "adapter_config.json").read_text())["target_modules"])

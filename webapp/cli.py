@@ -74,7 +74,7 @@ def init_db_command() -> None:
 def init_model_command(force: bool) -> None:
     """Build the embedded base model (or import RLHF_BASE_MODEL) as the active version."""
     version = _ensure_model(force=force)
-    click.echo(f"Active model version: {version.name} ({version.path})")
+    click.echo(f"Active model version: {version.name} ({version.location})")
 
 
 def _ensure_model(force: bool = False):

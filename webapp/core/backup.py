@@ -36,6 +36,7 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import URL, Connection
 
 from webapp.core.extensions import db
+from webapp.core.instance_paths import resolve
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -220,10 +221,7 @@ def _copy_instance_files(instance: Path, root: Path, model_paths: Iterable[str],
     root.mkdir()
     missing = []
     for raw in sorted(set(model_paths)):
-        path = Path(raw)
-        if not path.is_absolute():
-            path = instance / path
-        path = path.resolve()
+        path = resolve(raw).resolve()
         if instance not in path.parents:
             continue  # a model outside the instance (a local directory given as the base model)
         if not path.is_dir():

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 from rlhf.data.criteria import FLAG_VALUES
 
 from webapp.core.extensions import db
+from webapp.core.instance_paths import resolve
 
 
 def utcnow() -> datetime:
@@ -148,6 +149,7 @@ class ModelVersion(db.Model):
     __table_args__ = (CheckConstraint(f"status IN {VERSION_STATUSES}", name="ck_model_versions_status"),)
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(120), unique=True)
+    # relative to the instance folder when inside it (webapp.core.instance_paths); read it as .location
     path: Mapped[str] = mapped_column(String(1000))
     parent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("model_versions.id"))
     kind: Mapped[str] = mapped_column(String(32))  # base / ppo / dpo / kto / rloo / iterative_dpo / reward
@@ -161,6 +163,12 @@ class ModelVersion(db.Model):
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
     parent = relationship("ModelVersion", remote_side=[id])
+
+    @property
+    def location(self) -> str:
+        """Where the version's files are on this host: ``path`` as stored (relative to the instance
+        folder, webapp.core.instance_paths) resolved."""
+        return str(resolve(self.path))
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "kind": self.kind, "status": self.status,

@@ -3,8 +3,10 @@
 Restore checks everything before it changes anything (manifest, every checksum, the schema
 revision, the database kind, an empty target), then loads the database into a temporary file or
 one PostgreSQL transaction, checks its row counts against the manifest, and only then moves it
-and the files into place. Paths that named the old instance folder are rewritten to the new one,
-and a backup from an older schema is upgraded.
+and the files into place. Rows store paths relative to the instance folder
+(webapp.core.instance_paths), so they need no change; a backup whose rows still hold absolute paths
+into its own instance folder has those made relative, and a backup from an older schema is
+upgraded.
 """
 from __future__ import annotations
 
@@ -97,8 +99,7 @@ def restore_instance(src: Path, progress: Callable[[str], None] = lambda _m: Non
     progress("model versions and training runs")
     kept_config = _restore_files(src / FILES_DIR, instance)
     old = manifest.get("instance_dir") or str(instance)
-    if old != str(instance):
-        _rewrite_paths(old, str(instance))
+    _relative_paths(old)
     from webapp.core.migrations import prepare_schema, upgrade
 
     db.session.remove()
@@ -186,34 +187,32 @@ def _restore_files(root: Path, instance: Path) -> list[str]:
     return kept
 
 
-def _replace_in(value: Any, old: str, new: str) -> Any:
+def _relative_in(value: Any, old: str) -> Any:
+    """``value`` (JSON-like) with every path under the folder ``old`` made relative to it."""
     if isinstance(value, str):
-        return new + value[len(old):] if value == old or value.startswith(old + "/") else value
+        return value[len(old) + 1:] if value.startswith(old + "/") else value
     if isinstance(value, dict):
-        return {k: _replace_in(v, old, new) for k, v in value.items()}
+        return {k: _relative_in(v, old) for k, v in value.items()}
     if isinstance(value, list):
-        return [_replace_in(v, old, new) for v in value]
+        return [_relative_in(v, old) for v in value]
     return value
 
 
-def _rewrite_paths(old: str, new: str) -> None:
-    """Paths under the backup's instance folder, in the rows and files that hold them, now name
-    the restored instance (model versions, reward models, adapters' bases)."""
+def _relative_paths(old: str) -> None:
+    """Rows of a backup written before paths were stored relative: the absolute paths into its
+    instance folder ``old`` (model versions, reward models, the scores cached per reward model)
+    become relative, as this code writes them. Such a path could otherwise still name the old
+    instance's files, where that folder exists on this host."""
     from webapp.core.models import AnswerScore, ModelVersion, TrainingRun
 
+    old = old.rstrip("/")
     for version in db.session.scalars(db.select(ModelVersion)):
-        version.path = _replace_in(version.path, old, new)
-        version.metrics = _replace_in(version.metrics, old, new)
-        version.config = _replace_in(version.config, old, new)
-        meta_file = Path(version.path) / "version.json"
-        if meta_file.is_file():
-            meta = json.loads(meta_file.read_text())
-            meta_file.write_text(json.dumps(_replace_in(meta, old, new), indent=2))
+        version.path = _relative_in(version.path, old)
+        version.metrics = _relative_in(version.metrics, old)
     for run in db.session.scalars(db.select(TrainingRun)):
-        run.metrics = _replace_in(run.metrics, old, new)
-        run.config = _replace_in(run.config, old, new)
+        run.metrics = _relative_in(run.metrics, old)
     for score in db.session.scalars(db.select(AnswerScore).filter(AnswerScore.reward_model.startswith(old + "/"))):
-        score.reward_model = _replace_in(score.reward_model, old, new)
+        score.reward_model = _relative_in(score.reward_model, old)
     db.session.commit()
 
 

@@ -55,7 +55,7 @@ def _servable(version: ModelVersion, role: str) -> None:
         raise Conflict(f"Version {version.name} failed its evaluation and cannot be used as the {role}.")
     if version.kind == "reward":
         raise Conflict(f"Version {version.name} is a reward model, not a policy.")
-    if not registry.is_complete(version.path):
+    if not registry.is_complete(version.location):
         raise Conflict(f"Version {version.name} is missing from the model store ({version.path}).")
 
 
@@ -174,7 +174,7 @@ def rollback_version(version_id: Any, actor: str | None = None) -> ModelVersion:
         target = db.session.scalars(db.select(ModelVersion).where(ModelVersion.status == "retired",
                                                                    ModelVersion.id != version.id)
                                     .order_by(ModelVersion.id.desc())).first()
-    if target is None or not registry.is_complete(target.path):
+    if target is None or not registry.is_complete(target.location):
         raise Conflict(f"There is no earlier version to roll back to from {version.name}.")
     _activate(target)
     version.status = "retired"

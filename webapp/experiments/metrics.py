@@ -17,13 +17,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from flask import current_app
 
 from webapp.core.display import display_path
 from webapp.core.extensions import db
+from webapp.core.instance_paths import resolve
 from webapp.core.models import (AnswerScore, Assignment, Comparison, Conversation, Experiment, Feedback, Flag,
                                 Message, history, iso, utcnow)
 from webapp.core.raters import excluded_raters
@@ -33,10 +33,11 @@ from webapp.experiments.table import ARMS, metrics_table, user_table
 
 
 def _reward_model_path(exp: Experiment) -> str | None:
-    """The reward model of the variant's training run (the one that shaped it), if any."""
+    """The reward model of the variant's training run (the one that shaped it), if any, as its
+    version row stores it (webapp.core.instance_paths): also the key of its cached scores."""
     for version in (exp.variant_version, exp.control_version):
         path = (version.metrics or {}).get("reward_model_path")
-        if path and Path(path, "config.json").is_file():
+        if path and (resolve(path) / "config.json").is_file():
             return path
     return None
 
@@ -52,7 +53,7 @@ def _reward_scores(answers: list[Message], rm_path: str | None) -> dict[int, flo
     if missing:
         from rlhf.reward.scoring import load_reward_model, score_texts
 
-        model, tok = _cached_reward_model(rm_path, load_reward_model)
+        model, tok = _cached_reward_model(str(resolve(rm_path)), load_reward_model)
         texts = [tok.apply_chat_template(history(db.session.get(Message, a.parent_id)), tokenize=False,
                                          add_generation_prompt=True) + " " + a.content + tok.eos_token
                  for a in missing]
@@ -69,7 +70,7 @@ def _criteria_scores(answers: list[Message], rm_path: str | None) -> dict[str, d
     model has no criterion heads."""
     from rlhf.reward.criteria_heads import read_heads
 
-    heads = read_heads(rm_path) if rm_path else None
+    heads = read_heads(resolve(rm_path)) if rm_path else None
     if heads is None or not answers:
         return {}
     names = heads[0]
@@ -82,7 +83,8 @@ def _criteria_scores(answers: list[Message], rm_path: str | None) -> dict[str, d
     if missing:
         from rlhf.reward.criteria_heads import CriteriaScorer
 
-        scorer = _cached_reward_model(f"{rm_path}#criteria", lambda _: CriteriaScorer.load(rm_path))
+        location = str(resolve(rm_path))
+        scorer = _cached_reward_model(f"{location}#criteria", lambda _: CriteriaScorer.load(location))
         scores = scorer.score_answers([history(db.session.get(Message, a.parent_id)) for a in missing],
                                       [a.content for a in missing])
         for name in names:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import threading
-from pathlib import Path
 from typing import Sequence
 
 from flask import current_app
@@ -19,6 +18,7 @@ from rlhf.reward.criteria_heads import CriteriaScorer
 from rlhf.safety import PRESETS, Block, Policy, Rail, build_rules
 
 from webapp.core.extensions import db
+from webapp.core.instance_paths import resolve
 from webapp.core.models import ModelVersion, RailIntervention, RailRule
 from webapp.serving.routing import Route
 
@@ -66,8 +66,9 @@ def _scorer(reward_dir: str) -> CriteriaScorer | None:
 def reward_dir_of(version_id: int) -> str | None:
     """The reward model of a served version's training run (as webapp.experiments.metrics reads it)."""
     version = db.session.get(ModelVersion, version_id)
-    path = (version.metrics or {}).get("reward_model_path") if version is not None else None
-    return path if path and Path(path, "config.json").is_file() else None
+    stored = (version.metrics or {}).get("reward_model_path") if version is not None else None
+    path = resolve(stored) if stored else None
+    return str(path) if path and (path / "config.json").is_file() else None
 
 
 def rail_for(route: Route) -> Rail | None:

@@ -50,7 +50,7 @@ class Route:
 
     @classmethod
     def of(cls, version: ModelVersion, experiment_id: int | None = None, arm: str | None = None) -> "Route":
-        return cls(version.id, version.name, version.path, experiment_id, arm)
+        return cls(version.id, version.name, version.location, experiment_id, arm)
 
 
 def model_pool() -> ModelPool | RemotePool:
@@ -214,7 +214,7 @@ def serve(route: Route) -> tuple[Route, LoadedModel]:
             _clear_problem(route)
         return route, loaded
     for version in fallback_versions(route.version_id):
-        fallback_loaded, _, fresh = _attempt(version.path, version.name)
+        fallback_loaded, _, fresh = _attempt(version.location, version.name)
         if fallback_loaded is not None:
             fallback = Route.of(version)
             if fresh:
@@ -241,9 +241,9 @@ def serving_problems() -> list[dict[str, Any]]:
         if recorded:
             problems.append({"version": version.name, "path": version.path, "error": recorded.get("error"),
                              "serving": recorded.get("serving"), "since": recorded.get("since")})
-        elif not registry.has_model_config(version.path):  # config.json, or a LoRA adapter's config
+        elif not registry.has_model_config(version.location):  # config.json, or a LoRA adapter's config
             serving = next((v.name for v in fallback_versions(version.id)
-                            if registry.has_model_config(v.path)), None)
+                            if registry.has_model_config(v.location)), None)
             problems.append({"version": version.name, "path": version.path, "since": None, "serving": serving,
                              "error": "its directory is missing or incomplete (no config.json)"})
     return problems

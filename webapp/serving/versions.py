@@ -14,13 +14,14 @@ from rlhf.progress import ProgressFn
 
 from webapp.core import locks
 from webapp.core.extensions import db
+from webapp.core.instance_paths import to_stored
 from webapp.core.models import ModelVersion, active_version
 
 
 def _can_fall_back(version: ModelVersion) -> bool:
     """Whether an earlier complete version can answer while ``version`` cannot: then a broken
     active version is reported and served around, not silently replaced by a new base model."""
-    return any(registry.is_complete(v.path) for v in fallback_versions(version.id))
+    return any(registry.is_complete(v.location) for v in fallback_versions(version.id))
 
 
 def _noop(stage: str, done: int, total: int) -> None:
@@ -33,7 +34,7 @@ def ensure_base_version(progress: ProgressFn = _noop, force: bool = False) -> tu
     with locks.held(locks.lock_path("init-model")):
         db.session.expire_all()  # another process may have finished the build while we waited
         current = active_version()
-        if current is not None and not force and (registry.is_complete(current.path) or _can_fall_back(current)):
+        if current is not None and not force and (registry.is_complete(current.location) or _can_fall_back(current)):
             return current, False  # a broken active version is served by a fallback (webapp.serving.routing)
 
         cfg = current_app.config
@@ -50,7 +51,7 @@ def ensure_base_version(progress: ProgressFn = _noop, force: bool = False) -> tu
                 store, "base", lambda tmp: import_pretrained(source, tmp),
                 lineage={"parent": None, "source": source})
 
-        version = ModelVersion(name=name, path=str(path), kind="base", status="active", metrics=metrics,
+        version = ModelVersion(name=name, path=to_stored(path), kind="base", status="active", metrics=metrics,
                                config={"source": source, "preset": cfg["RLHF_EMBEDDED_PRESET"]})
         if current is not None:
             current.status = "retired"  # --force replaces the active base model

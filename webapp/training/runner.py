@@ -27,6 +27,7 @@ from rlhf.progress import ProgressFn
 from rlhf.trust.assessment import RaterInfo
 
 from webapp.core.extensions import db
+from webapp.core.instance_paths import resolve, to_stored
 from webapp.core.settings import current_settings
 from webapp.core.models import ModelVersion, TrainingRun, active_version, utcnow
 from webapp.core.raters import store_assessments
@@ -145,7 +146,7 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
         for stale in recovered:  # their work directories died with them (only runs write them; we hold the lock)
             shutil.rmtree(Path(cfg["INSTANCE_DIR"]) / "runs" / f".tmp-run-{stale}", ignore_errors=True)
         parent = active_version()
-        if parent is None or not registry.is_complete(parent.path):
+        if parent is None or not registry.is_complete(parent.location):
             raise RunRefused("no usable active model version; run `flask --app webapp init-model` first")
         events = feedback_event_count()
         if events < min_feedback:
@@ -157,7 +158,7 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
             settings, sizing_notes = fit_to_data(settings, bundle)  # NotEnoughData before any run exists
         except NotEnoughData as exc:
             raise RunRefused(str(exc)) from None
-        limits = run_limits(settings, DataSize.of(bundle), parent.path)
+        limits = run_limits(settings, DataSize.of(bundle), parent.location)
 
         run = db.session.get(TrainingRun, queued_id) if queued_id is not None else None
         if run is None:
@@ -171,7 +172,7 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
         trust = bundle.counts.get("trust")
         if trust:  # each rater's latest assessment, for the raters page and the verdicts
             store_assessments(run.id, trust.get("raters") or {})
-        run_id, parent_id, parent_name, parent_path = run.id, parent.id, parent.name, parent.path
+        run_id, parent_id, parent_name, parent_path = run.id, parent.id, parent.name, parent.location
         guard = RunWatchdog(current_app._get_current_object(), run_id, limits).start() if watchdog else None
         tracker = RunTracker(run_id, bars, watchdog=guard)
         if recovered:
@@ -212,7 +213,7 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
             metrics = {"reward_model": result.reward, "policy": result.policy, "evaluation": result.evaluation,
                        "counts": result.counts, "timings": result.timings, "peak_rss_mb": result.peak_rss_mb,
                        **({"peak_gpu_mb": result.peak_gpu_mb} if result.peak_gpu_mb else {}),
-                       "reward_model_path": str(reward_path)}
+                       "reward_model_path": to_stored(reward_path)}
 
             def move_policy(tmp: Path) -> dict:
                 for item in (workdir / "policy").iterdir():
@@ -225,9 +226,9 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
                 cfg["MODEL_STORE"], algorithm, move_policy, name=next_version_name(algorithm),
                 lineage={"parent": parent_name, "training_run": run_id, "algorithm": algorithm,
                          "data_counts": result.counts, "config": settings.to_dict(),
-                         "reward_model": str(reward_path)})
+                         "reward_model": to_stored(reward_path)})
             created_paths.append(path)
-            version = ModelVersion(name=name, path=str(path), parent_id=parent_id, kind=algorithm, status=status,
+            version = ModelVersion(name=name, path=to_stored(path), parent_id=parent_id, kind=algorithm, status=status,
                                    training_run_id=run_id, metrics=metrics, config=settings.to_dict())
             db.session.add(version)
             db.session.flush()
@@ -267,11 +268,11 @@ def summary(run: TrainingRun, version: ModelVersion | None) -> dict[str, Any]:
         "reward_model": {k: m.get("reward_model", {}).get(k) for k in
                          ("heldout_accuracy", "train_accuracy", "train_pairs", "eval_pairs", "steps", "train_loss",
                           "criteria")}
-        | {"path": m.get("reward_model_path")}
+        | {"path": str(resolve(m["reward_model_path"])) if m.get("reward_model_path") else None}
         | {k: v for k, v in m.get("reward_model", {}).items() if k == "processes"},  # each process's part, if several
         "policy": m.get("policy"),
         "evaluation": gate_summary(ev),
-        "version": ({"id": version.id, "name": version.name, "status": version.status, "path": version.path,
+        "version": ({"id": version.id, "name": version.name, "status": version.status, "path": version.location,
                      "parent": version.parent.name if version.parent else None} if version else None),
         "decision": m.get("decision"),
         "timings_s": m.get("timings"),

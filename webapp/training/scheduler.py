@@ -148,7 +148,7 @@ def _new_candidate() -> ModelVersion | None:
     tried = {e.variant_version_id for e in db.session.scalars(db.select(Experiment))}
     for version in db.session.scalars(db.select(ModelVersion).filter_by(status="candidate")
                                       .order_by(ModelVersion.id.desc())):
-        if version.id not in tried and registry.is_complete(version.path):
+        if version.id not in tried and registry.is_complete(version.location):
             return version
     return None
 
@@ -211,25 +211,26 @@ def prune_retired_versions(keep: int) -> list[str]:
         protected |= {exp.control_version_id, exp.variant_version_id}
     retired = [v for v in db.session.scalars(db.select(ModelVersion).filter_by(status="retired")
                                              .order_by(ModelVersion.id.desc()))
-               if v.id not in protected and Path(v.path).exists()]
-    doomed = {v.path for v in retired[keep:]}
+               if v.id not in protected and Path(v.location).exists()]
+    doomed = {v.location for v in retired[keep:]}
     # a LoRA adapter version runs on its base version's weights: a base stays while any version
     # built on it keeps its files (rlhf.models.adapters)
     needed = set()
-    for v in db.session.scalars(db.select(ModelVersion)):
-        if v.path not in doomed and is_adapter(v.path):
+    for location in (v.location for v in db.session.scalars(db.select(ModelVersion))):
+        if location not in doomed and is_adapter(location):
             try:
-                needed.add(str(base_of(v.path).resolve()))
+                needed.add(str(base_of(location).resolve()))
             except (OSError, ValueError, KeyError):  # an unreadable adapter cannot protect anything
                 pass
     pruned, adapters = [], []
     for version in retired[keep:]:
-        if str(Path(version.path).resolve()) in needed:
+        location = version.location
+        if str(Path(location).resolve()) in needed:
             continue
-        if Path(version.path).resolve().parent == Path(current_app.config["MODEL_STORE"]).resolve():
-            if is_adapter(version.path):
+        if Path(location).resolve().parent == Path(current_app.config["MODEL_STORE"]).resolve():
+            if is_adapter(location):
                 adapters.append(version.name)
-            shutil.rmtree(version.path, ignore_errors=True)
+            shutil.rmtree(location, ignore_errors=True)
             version.metrics = {**(version.metrics or {}), "pruned_at": utcnow().isoformat()}
             pruned.append(version.name)
     db.session.commit()
