@@ -49,8 +49,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rlhf.sim.preferences import ZOO, rude  # noqa: E402
 from rlhf.sim.users import ApiUser, Behaviour, Interaction, SimulatedUser, first_model, prompt_set  # noqa: E402
-from tests.conftest import cached_model, make_app, register_model  # noqa: E402
-from tests.live_server import LiveServer  # noqa: E402
+from tests.support.models import cached_model  # noqa: E402
+from tests.support.app import make_app, register_model  # noqa: E402
+from tests.support.live_server import LiveServer  # noqa: E402
 from webapp.experiments import stats as ab_stats  # noqa: E402
 from webapp.core.extensions import db  # noqa: E402
 from webapp.core.models import AnswerScore, Experiment, Message, ModelVersion, TrainingRun  # noqa: E402

@@ -109,7 +109,7 @@ def serve_minimal(port: int, db_path: str, workers: int, threads: int) -> None:
 
 class MinimalServer:
     def __init__(self, folder: Path, workers: int, threads: int) -> None:
-        from tests.live_server import free_port
+        from tests.support.live_server import free_port
 
         self.port = free_port()
         self.db_path = folder / "minimal.db"
@@ -134,7 +134,7 @@ class MinimalServer:
         raise RuntimeError("minimal server did not start:\n" + self.log_path.read_text(errors="replace"))
 
     def stop(self) -> None:
-        from tests.live_server import stop_process
+        from tests.support.live_server import stop_process
 
         stop_process(self.proc)
         self._log.close()
@@ -377,8 +377,10 @@ def main() -> None:
         serve_minimal(int(args.serve_minimal[0]), args.serve_minimal[1], workers, threads)
         return
 
-    from tests.conftest import cached_model, make_app, register_model
-    from tests.live_server import LiveServer
+    from tests.support.models import cached_model
+
+    from tests.support.app import make_app, register_model
+    from tests.support.live_server import LiveServer
 
     folder = Path(tempfile.mkdtemp(prefix="bench-feedback-"))
     instance = folder / "instance"

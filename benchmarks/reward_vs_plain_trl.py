@@ -36,7 +36,7 @@ from benchmarks.stage_timing import preference_pairs, stage_result, time_side_by
 from rlhf.models.loading import context_length  # noqa: E402
 from rlhf.reward.training import train_reward_model  # noqa: E402
 from rlhf.settings import RewardSettings  # noqa: E402
-from tests.conftest import cached_model  # noqa: E402
+from tests.support.models import cached_model  # noqa: E402
 
 TARGET_RATIO = 1.05
 

@@ -253,8 +253,8 @@ def profiled_rl_train(profile_out: str, device: str, *cli_args: str) -> None:
 def one_cycle(model_dir: Path, work: Path, device: str, conversations: int, episodes: int | None,
               lora: bool = True, reward_steps: int | None = None, env: dict[str, str] | None = None) -> dict:
     """Store feedback for ``model_dir`` in a new instance, run one rl-train through the CLI."""
-    from tests.conftest import make_app, register_model
-    from tests.feedback_factory import seed_feedback
+    from tests.support.app import make_app, register_model
+    from tests.support.feedback_factory import seed_feedback
 
     instance = Path(tempfile.mkdtemp(prefix="inst-", dir=work))
     app = make_app(instance)
@@ -404,7 +404,7 @@ def main() -> None:
 
     import torch
 
-    from tests.conftest import cached_model
+    from tests.support.models import cached_model
 
     embedded = cached_model("default")
     work = Path(tempfile.mkdtemp(prefix="bench-scaling-"))

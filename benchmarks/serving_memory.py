@@ -215,7 +215,7 @@ def main() -> None:
     if args.measure:
         print(json.dumps(measure(args.measure)), flush=True)
         os._exit(0)  # skip interpreter teardown: background generation threads may still be parked in torch
-    from tests.conftest import cached_model
+    from tests.support.models import cached_model
 
     model_dir = args.model or cached_model("default")
     results = [bench_shape(shape, model_dir, args.repeats) for shape in args.shapes]

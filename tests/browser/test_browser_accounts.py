@@ -11,10 +11,10 @@ import pytest
 import requests
 from playwright.sync_api import expect
 
-from tests.accessibility import assert_accessible
-from tests.browser_checks import watch_csp
-from tests.conftest import make_app, register_model
-from tests.live_server import LiveServer
+from tests.support.accessibility import assert_accessible
+from tests.support.browser_checks import watch_csp
+from tests.support.app import make_app, register_model
+from tests.support.live_server import LiveServer
 from webapp.core.extensions import db
 from webapp.core.models import Conversation, User
 

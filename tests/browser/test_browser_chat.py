@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from tests.browser_checks import XSS, assert_nothing_injected, watch_csp, watch_dialogs
-from tests.conftest import make_app
-from tests.live_server import chat_server_fixture
+from tests.support.browser_checks import XSS, assert_nothing_injected, watch_csp, watch_dialogs
+from tests.support.app import make_app
+from tests.support.live_server import chat_server_fixture
 from webapp.chat.conversations import clean_title
 from webapp.core.extensions import db
 from webapp.core.models import Comparison, Conversation, Feedback, Message, User
@@ -162,7 +162,7 @@ def test_thumbs_down_offers_negative_reasons_and_can_be_undone(page):
 
 def test_xss_payloads_render_as_text(page):
     """A message, a correction, a feedback comment and a conversation title full of markup show
-    as literal text. (The admin pages that show them: tests/test_browser_admin.py.)"""
+    as literal text. (The admin pages that show them: tests/browser/test_browser_admin.py.)"""
     dialogs = watch_dialogs(page)
     send(page, XSS)
     wait_for_answers(page, 1)

@@ -9,11 +9,11 @@ import requests
 from playwright.sync_api import expect
 from werkzeug.security import generate_password_hash
 
-from tests.accessibility import assert_accessible
-from tests.browser_checks import admin_login, assert_nothing_injected, watch_csp
-from tests.conftest import make_app, register_model
-from tests.live_server import LiveServer
-from tests.test_raters import seed_raters
+from tests.support.accessibility import assert_accessible
+from tests.support.browser_checks import admin_login, assert_nothing_injected, watch_csp
+from tests.support.app import make_app, register_model
+from tests.support.live_server import LiveServer
+from tests.webapp.admin.test_raters import seed_raters
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import RaterTrust, User

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.accessibility import assert_accessible
-from tests.browser_checks import admin_login
-from tests.conftest import make_app, register_model
-from tests.live_server import LiveServer
+from tests.support.accessibility import assert_accessible
+from tests.support.browser_checks import admin_login
+from tests.support.app import make_app, register_model
+from tests.support.live_server import LiveServer
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import Message, RailIntervention, RailRule

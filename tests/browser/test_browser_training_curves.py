@@ -9,11 +9,11 @@ import signal
 import pytest
 
 from rlhf.training.curves import CurvesFile
-from tests.accessibility import assert_accessible
-from tests.browser_checks import watch_csp
-from tests.conftest import make_app, register_model
-from tests.feedback_factory import seed_feedback
-from tests.live_server import LiveServer
+from tests.support.accessibility import assert_accessible
+from tests.support.browser_checks import watch_csp
+from tests.support.app import make_app, register_model
+from tests.support.feedback_factory import seed_feedback
+from tests.support.live_server import LiveServer
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import TrainingRun

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT  # noqa: E402
 DOCS = sorted((ROOT / "docs").rglob("*.md"))
 MARKDOWN = [ROOT / "README.md", *DOCS]
 RESULTS = [ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "RESULTS.notes.md"]

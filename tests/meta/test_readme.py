@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT  # noqa: E402
 
 
 def block_after(marker: str) -> str:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.test_architecture import architecture_map
+from tests.meta.test_architecture import architecture_map
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT  # noqa: E402
 JS = ROOT / "static" / "js"
 MAX_LINES = 400
 FETCH_HELPER = JS / "http.js"

@@ -190,7 +190,7 @@ def test_merged_full_versions_still_load_as_plain_models(store, tmp_path):
 
 
 def test_pruning_keeps_the_base_of_a_kept_adapter_version(tmp_path, micro_model_dir):
-    from tests.conftest import make_app, register_model
+    from tests.support.app import make_app, register_model
     from webapp.training import scheduler as sched
     from webapp.core.extensions import db
     from webapp.core.models import ModelVersion
@@ -215,8 +215,8 @@ def test_rl_train_with_lora_registers_an_adapter_version_that_serves(tmp_path, m
     from click.testing import CliRunner
     from flask.cli import FlaskGroup
 
-    from tests.conftest import make_app, register_model
-    from tests.feedback_factory import seed_feedback
+    from tests.support.app import make_app, register_model
+    from tests.support.feedback_factory import seed_feedback
     from webapp import create_app
 
     inst = tmp_path / "instance"

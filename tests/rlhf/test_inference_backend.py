@@ -23,9 +23,10 @@ from rlhf.generation import (GenerationSettings, InferenceServerError, ModelPool
                              generate_chats, stream_chat)
 from rlhf.generation.remote import wait_ready
 from rlhf.models.loading import ModelLoadError
-from tests.conftest import ROOT, make_app, sse_events
-from tests.live_server import free_port, stop_process
-from tests.test_adapters import make_adapter_version
+from tests.support.paths import ROOT
+from tests.support.app import make_app, sse_events
+from tests.support.live_server import free_port, stop_process
+from tests.rlhf.test_adapters import make_adapter_version
 
 GREEDY = GenerationSettings(do_sample=False, max_new_tokens=16)
 # the app's sampling at a temperature this low is the argmax: answers comparable with in-process greedy ones
@@ -227,7 +228,7 @@ def backend_app(tmp_path, store, server):
 
 def test_the_chat_streams_from_the_server_each_version_by_its_name_and_feedback_is_recorded(
         backend_app, store, server, in_process):
-    from tests.conftest import ApiClient
+    from tests.support.app import ApiClient
     from webapp.core.extensions import db
     from webapp.core.models import Feedback, Message
 
@@ -263,7 +264,7 @@ def test_the_chat_streams_from_the_server_each_version_by_its_name_and_feedback_
 
 def test_a_server_that_goes_away_is_an_error_in_the_chat_and_nothing_half_done_is_kept(
         tmp_path, store, in_process):
-    from tests.conftest import ApiClient
+    from tests.support.app import ApiClient
     from webapp.core.extensions import db
     from webapp.core.models import Message
 
@@ -302,7 +303,7 @@ def test_a_server_that_goes_away_is_an_error_in_the_chat_and_nothing_half_done_i
 
 
 def test_a_version_the_server_does_not_serve_falls_back_to_its_parent(backend_app, store, tmp_path, in_process):
-    from tests.conftest import ApiClient
+    from tests.support.app import ApiClient
     from webapp.core.extensions import db
     from webapp.core.models import ModelVersion
 
@@ -334,7 +335,7 @@ def test_a_pruned_lora_version_is_unloaded_from_the_server(tmp_path, default_mod
     try:
         app.config["RLHF_INFERENCE_URL"] = srv.url
         add_versions(app, own, active="lora")
-        from tests.conftest import ApiClient
+        from tests.support.app import ApiClient
         _, events = ask(ApiClient(app.test_client()), QUESTIONS[0][0]["content"])
         assert events[-1][0] == "done" and own["lora"].name in srv.models()
         activate(app, "v1-base")  # the LoRA version is retired
@@ -423,7 +424,7 @@ def test_vllm_answers_are_the_in_process_answers_of_each_version(vllm):
 
 @needs_vllm
 def test_vllm_chat_through_the_web_app(vllm, tmp_path):
-    from tests.conftest import ApiClient
+    from tests.support.app import ApiClient
     from webapp.core.extensions import db
     from webapp.core.models import Feedback, Message
 

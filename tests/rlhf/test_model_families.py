@@ -22,8 +22,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.model_families import FAMILIES, SHAPES, build_tiny_model
-from tests.conftest import MODEL_CACHE, ApiClient, flask_cli, make_app, sse_events
-from tests.feedback_factory import seed_feedback
+from tests.support.paths import TESTS
+from tests.support.models import MODEL_CACHE
+from tests.support.app import ApiClient, flask_cli, make_app, sse_events
+from tests.support.feedback_factory import seed_feedback
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +50,7 @@ ATTENTION_AND_MLP = {"gpt2": {"c_attn", "c_fc"}, "phi": {"q_proj", "v_proj", "fc
 
 def family_model(family: str) -> Path:
     """The tiny model of ``family``, built once per version of tests/support/model_families.py (cached)."""
-    source = (Path(__file__).resolve().parent / "support" / "model_families.py").read_bytes()
+    source = (TESTS / "support" / "model_families.py").read_bytes()
     key = hashlib.sha256(source + str(TRAIN_STEPS).encode()).hexdigest()[:12]
     target = MODEL_CACHE / f"family-{family}-{key}"
     if not (target / "config.json").is_file():
@@ -70,7 +72,7 @@ def _environment(mp: pytest.MonkeyPatch, family: str, inst: Path) -> None:
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_instance(request, tmp_path_factory):
     """An instance whose base version is the family's model, imported through `init-model`."""
-    from tests.conftest import _ENV_KEYS
+    from tests.support.app import SETTING_ENV_KEYS as _ENV_KEYS
 
     family = request.param
     mp = pytest.MonkeyPatch()

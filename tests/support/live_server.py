@@ -10,7 +10,7 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT  # noqa: E402
 
 
 def free_port() -> int:
@@ -76,7 +76,7 @@ def chat_server_fixture(name: str):
 
     @pytest.fixture(scope="module")
     def chat_server(tmp_path_factory, default_model_dir):
-        from tests.conftest import make_app, register_model
+        from tests.support.app import make_app, register_model
 
         instance = tmp_path_factory.mktemp(name) / "instance"
         register_model(make_app(instance), default_model_dir)

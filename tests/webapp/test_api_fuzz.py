@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlhf.data.criteria import FLAG_VALUES
-from tests.conftest import ApiClient, register_model, route_sweep_app
+from tests.support.app import ApiClient, register_model, route_sweep_app
 from webapp.core.validation import REASONS
 
 EXAMPLES_PER_ROUTE = int(os.environ.get("FUZZ_EXAMPLES", "25"))

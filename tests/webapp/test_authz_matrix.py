@@ -30,7 +30,7 @@ from typing import Callable
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import register_model, route_sweep_app
+from tests.support.app import register_model, route_sweep_app
 
 ROLES = ("anonymous", "other", "owner", "member", "admin")
 # bearer keys of the /v1 API: the key that produced the cell's completion, another key of the same

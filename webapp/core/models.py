@@ -1,6 +1,6 @@
 """The data model (tables and columns as docs/ describes them). Plain SQLAlchemy 2 declarative classes, so
 any SQLAlchemy database works; SQLite is the default. Every change here needs a revision in
-webapp/migrations/versions/ (`flask --app webapp db migrate -m "..."`); tests/test_migrations.py
+webapp/migrations/versions/ (`flask --app webapp db migrate -m "..."`); tests/webapp/core/test_migrations.py
 fails while the two disagree."""
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from flask.cli import FlaskGroup
 
 from rlhf.data.corpus import sample_prompts
-from tests.conftest import ApiClient, make_app, register_model
+from tests.support.app import ApiClient, make_app, register_model
 from webapp import create_app
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
@@ -356,7 +356,7 @@ def test_not_enough_data_state_and_srm_warning(setup):
 
 from datetime import datetime, timedelta  # noqa: E402
 
-from tests.feedback_factory import add_exchange  # noqa: E402
+from tests.support.feedback_factory import add_exchange  # noqa: E402
 from webapp.core.models import AnswerScore, Comparison, Conversation, Feedback, TrainingRun, utcnow  # noqa: E402
 
 ISO_SECONDS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")

@@ -10,8 +10,8 @@ from datetime import timedelta
 
 import pytest
 
-from tests.conftest import ApiClient
-from tests.feedback_factory import add_exchange
+from tests.support.app import ApiClient
+from tests.support.feedback_factory import add_exchange
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import (AuditEvent, Comparison, Feedback, RaterAssessment, RaterTrust, TrainingRun, User,

@@ -1,13 +1,13 @@
 """The /v1 API in process (Flask test client): request checking, who the end user is, completions
 stored as conversation turns, feedback by completion id, the rail, failures, keys and cookies.
-tests/test_v1_sdk.py drives a live server with the official ``openai`` package."""
+tests/webapp/api/test_v1_sdk.py drives a live server with the official ``openai`` package."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from tests.conftest import ApiClient, flask_cli, login_admin, make_app, register_model
+from tests.support.app import ApiClient, flask_cli, login_admin, make_app, register_model
 from webapp.admin.auth import set_admin_password
 from webapp.api.keys import create_api_key, hash_key, key_named, revoke_api_key
 from webapp.api.users import anon_id_for

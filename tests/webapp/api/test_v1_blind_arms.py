@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.test_blind_arms import KEY, LEAKS, VERSIONS, experiment_app  # noqa: F401 (a fixture)
+from tests.webapp.experiments.test_blind_arms import KEY, LEAKS, VERSIONS, experiment_app  # noqa: F401 (a fixture)
 from webapp.api.keys import create_api_key
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, Conversation, Experiment, Message, User

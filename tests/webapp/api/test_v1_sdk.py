@@ -1,4 +1,4 @@
-"""The /v1 API as a client sees it: the production server (tests/live_server.py) driven by the
+"""The /v1 API as a client sees it: the production server (tests/support/live_server.py) driven by the
 official ``openai`` package -- models, streamed and whole completions, usage, ``stop``,
 ``max_completion_tokens``, a client that goes away mid-stream, feedback by completion id, and the
 SDK's own exceptions for a bad key, a bad request, a used-up rate limit and an unknown model."""
@@ -10,8 +10,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.conftest import flask_cli, make_app, register_model
-from tests.live_server import LiveServer
+from tests.support.app import flask_cli, make_app, register_model
+from tests.support.live_server import LiveServer
 from webapp.api.keys import create_api_key
 from webapp.core.extensions import db
 from webapp.core.models import Message

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from tests.conftest import sse_events
-from tests.conftest import ApiClient, register_model
+from tests.support.app import sse_events
+from tests.support.app import ApiClient, register_model
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion
 
@@ -201,7 +201,7 @@ def test_edit_needs_a_question_of_the_caller(app, api, conv):
 
 
 def test_edit_counts_against_the_chat_rate_limit(tmp_path, micro_model_dir):
-    from tests.conftest import make_app
+    from tests.support.app import make_app
 
     app = make_app(tmp_path / "instance", RLHF_CHAT_RATE_LIMIT="2 per minute")
     register_model(app, micro_model_dir)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from werkzeug.security import check_password_hash
 
-from tests.conftest import ApiClient, make_app
+from tests.support.app import ApiClient, make_app
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import User

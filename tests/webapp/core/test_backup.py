@@ -19,9 +19,11 @@ import pytest
 import requests
 from sqlalchemy import text
 
-from tests.conftest import DATABASES, ROOT, database_url_for, flask_cli, make_app, register_model
-from tests.feedback_factory import seed_feedback
-from tests.live_server import LiveServer
+from tests.support.app import DATABASES, database_url_for, flask_cli, make_app, register_model
+
+from tests.support.paths import ROOT
+from tests.support.feedback_factory import seed_feedback
+from tests.support.live_server import LiveServer
 from webapp.core.extensions import db
 from webapp.core.models import Feedback, ModelVersion
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import pytest
 import requests
 
-from tests.conftest import make_app, register_model
-from tests.feedback_factory import add_exchange
-from tests.live_server import LiveServer
+from tests.support.app import make_app, register_model
+from tests.support.feedback_factory import add_exchange
+from tests.support.live_server import LiveServer
 from webapp.core.extensions import db
 from webapp.core.models import Comparison, Conversation, Feedback, Message, ModelVersion, User
 
@@ -334,7 +334,7 @@ def test_many_concurrent_writers_lose_nothing(tmp_path, micro_model_dir):
 def test_simultaneous_first_ratings_in_process(app):
     """Same process, Flask test clients in threads: many requests of one user rate the same
     fresh answer at the same moment (the select-then-insert race of the feedback upsert)."""
-    from tests.conftest import ApiClient
+    from tests.support.app import ApiClient
 
     owner = ApiClient(app.test_client())
     conv = owner.post("/api/conversations", json={}).get_json()["id"]

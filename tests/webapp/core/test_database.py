@@ -1,6 +1,6 @@
 """Schema creation, SQLite settings and a round trip through every table.
 
-Every data-layer test runs on SQLite and on a real PostgreSQL server (tests/postgres.py;
+Every data-layer test runs on SQLite and on a real PostgreSQL server (tests/support/postgres.py;
 skipped where PostgreSQL is not installed, required in CI), which proves the DATABASE_URL path."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 from webapp import create_app
 from webapp.core.extensions import db
-from tests.conftest import DATABASES, ApiClient, database_url_for
+from tests.support.app import DATABASES, ApiClient, database_url_for
 from webapp.core.models import (Assignment, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion,
                            TrainingRun, User)
 

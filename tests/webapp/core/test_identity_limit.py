@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import make_app
+from tests.support.app import make_app
 from webapp.core.extensions import db
 from webapp.core.models import IdentityOrigin, User
 

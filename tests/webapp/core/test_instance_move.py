@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from rlhf.models import registry
-from tests.conftest import ApiClient, flask_cli, make_app, register_model
-from tests.feedback_factory import seed_feedback
+from tests.support.app import ApiClient, flask_cli, make_app, register_model
+from tests.support.feedback_factory import seed_feedback
 from webapp.core.extensions import db
 from webapp.core.instance_paths import resolve, to_stored
 from webapp.core.models import Message, ModelVersion, TrainingRun

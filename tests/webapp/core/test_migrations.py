@@ -2,7 +2,7 @@
 migrations is upgraded with every row kept and then serves and trains, a revision's upgrade and
 downgrade keep the rows, and a database the code cannot use is refused with the reason.
 
-Run on SQLite and on a real PostgreSQL server (tests/postgres.py) where the test says so."""
+Run on SQLite and on a real PostgreSQL server (tests/support/postgres.py) where the test says so."""
 from __future__ import annotations
 
 import re
@@ -16,12 +16,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
-from tests.conftest import DATABASES, database_url_for, flask_cli, login_admin, make_app, register_model
-from tests.feedback_factory import seed_feedback
+from tests.support.paths import FIXTURES
+from tests.support.app import DATABASES, database_url_for, flask_cli, login_admin, make_app, register_model
+from tests.support.feedback_factory import seed_feedback
 from webapp.core.extensions import db
 from webapp.core.migrations import MIGRATIONS_DIR, alembic_config, head_revision, schema_problem
 
-FIXTURE = Path(__file__).parent / "fixtures" / "legacy_create_all.sql"
+FIXTURE = FIXTURES / "legacy_create_all.sql"
 
 
 @pytest.fixture(params=DATABASES)
@@ -265,7 +266,7 @@ def test_db_commands_run_on_the_app(tmp_path):
     make_app(tmp_path / "instance")
     env = {**os.environ, "RLHF_INSTANCE_DIR": str(tmp_path / "instance"), "RLHF_EMBEDDED_PRESET": "micro"}
     out = subprocess.run([sys.executable, "-m", "flask", "--app", "webapp", "db", "current"], env=env,
-                         capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+                         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[3])
     assert out.returncode == 0 and f"{head_revision()} (head)" in out.stdout, out.stderr
 
 
@@ -309,7 +310,7 @@ def test_wsgi_workers_never_upgrade_and_refuse_a_database_behind(tmp_path, micro
     path = _legacy_database(inst, micro_model_dir)
     env = {**os.environ, "RLHF_INSTANCE_DIR": str(inst), "RLHF_SCHEDULER": "0", "RLHF_AUTO_INIT_MODEL": "0"}
     out = subprocess.run([sys.executable, "-c", "import webapp.wsgi"], env=env, capture_output=True, text=True,
-                         cwd=Path(__file__).parent.parent)
+                         cwd=Path(__file__).resolve().parents[3])
     assert out.returncode == 1 and "flask --app webapp db upgrade" in out.stderr, out.stderr
     conn = sqlite3.connect(path)
     assert "alembic_version" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}

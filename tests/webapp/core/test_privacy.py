@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from flask.cli import FlaskGroup
 
-from tests.conftest import ApiClient
+from tests.support.app import ApiClient
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import Comparison, Conversation, Message, ModelVersion

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.conftest import ApiClient, make_app, register_model
+from tests.support.app import ApiClient, make_app, register_model
 from webapp.admin.auth import set_admin_password
 from webapp.core.settings import ConfigError
 from webapp.core.extensions import db

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import requests
 
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 
 
 def test_fresh_instance_serves_after_building_its_model(tmp_path):

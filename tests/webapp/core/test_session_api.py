@@ -1,7 +1,7 @@
 """Anonymous sessions, CSRF tokens and JSON errors."""
 from __future__ import annotations
 
-from tests.feedback_factory import add_exchange
+from tests.support.feedback_factory import add_exchange
 from webapp.core.extensions import db
 from webapp.core.models import User
 
@@ -70,5 +70,5 @@ def test_wrong_method_is_json_405_with_allow_header(client):
 
 def test_health_tells_visitors_the_status_only(client):
     """The active version is the control arm of a running experiment: only admins are told its
-    name (tests/test_blind_arms.py)."""
+    name (tests/webapp/experiments/test_blind_arms.py)."""
     assert client.get("/api/health").get_json() == {"status": "ok"}

@@ -3,7 +3,7 @@ owner signs out, changes the password or is signed out by an admin; admin sessio
 or too old; usernames are one name whatever their case or surrounding whitespace (rate limits
 included); an unknown name costs a password hash like a wrong password; a new CSRF token at
 sign-in; HSTS behind HTTPS; oversized bodies are refused unread; ``next=`` cannot break a redirect.
-The same revocation across two server processes: tests/test_sessions_live.py."""
+The same revocation across two server processes: tests/webapp/core/test_sessions_live.py."""
 from __future__ import annotations
 
 import io
@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from flask.cli import FlaskGroup
 from sqlalchemy.exc import IntegrityError
 
-from tests.conftest import ApiClient, make_app
+from tests.support.app import ApiClient, make_app
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import AuditEvent, User

@@ -12,8 +12,8 @@ import sys
 import pytest
 import requests
 
-from tests.conftest import make_app, register_model
-from tests.live_server import ROOT, LiveServer
+from tests.support.app import make_app, register_model
+from tests.support.live_server import ROOT, LiveServer
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 

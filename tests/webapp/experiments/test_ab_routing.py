@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from tests.conftest import ApiClient, make_app, register_model
+from tests.support.app import ApiClient, make_app, register_model
 from webapp.experiments.assignment import arm_for, gb_hash
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, Experiment, Message, ModelVersion

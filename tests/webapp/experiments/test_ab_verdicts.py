@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rlhf.data.corpus import sample_prompts
-from tests.conftest import ApiClient, make_app, register_model
+from tests.support.app import ApiClient, make_app, register_model
 from webapp.core.extensions import db
 from webapp.core.models import (Assignment, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion, User,
                                 utcnow)
@@ -21,7 +21,7 @@ from webapp.experiments.promotion import PromotionPolicy
 from webapp.experiments.table import metrics_table, user_table
 from webapp.training import scheduler as sched
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT  # noqa: E402
 
 
 @pytest.fixture

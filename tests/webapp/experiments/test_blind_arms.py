@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import ApiClient, make_app, register_model, sse_events
+from tests.support.app import ApiClient, make_app, register_model, sse_events
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, Message, ModelVersion

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import ApiClient, make_app, register_model
-from tests.feedback_factory import add_exchange
+from tests.support.app import ApiClient, make_app, register_model
+from tests.support.feedback_factory import add_exchange
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, Comparison, Experiment, Feedback, User, utcnow
 from webapp.core.raters import set_trust, store_assessments

@@ -11,8 +11,8 @@ import re
 import pytest
 import torch
 
-from tests.conftest import ApiClient, make_app, register_model, sse_events
-from tests.test_admin import PASSWORD, login
+from tests.support.app import ApiClient, make_app, register_model, sse_events
+from tests.webapp.admin.test_admin import PASSWORD, login
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import AuditEvent, Message, RailIntervention, RailRule

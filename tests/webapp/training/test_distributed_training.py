@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from rlhf.models import registry
-from tests.conftest import make_app, register_model
-from tests.conftest import runs_and_versions as state
-from tests.feedback_factory import seed_feedback
+from tests.support.app import make_app, register_model
+from tests.support.app import runs_and_versions as state
+from tests.support.feedback_factory import seed_feedback
 from webapp.core.extensions import db
 from webapp.core.models import ModelVersion, TrainingRun
 from webapp.core.settings import ROOT
@@ -192,7 +192,7 @@ def test_scheduler_and_train_now_launch_several_processes(tmp_path):
 
 
 def test_zero3_is_refused_before_anything_runs(instance, monkeypatch):
-    from tests.conftest import flask_cli
+    from tests.support.app import flask_cli
 
     monkeypatch.setenv("RLHF_INSTANCE_DIR", str(instance))
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")

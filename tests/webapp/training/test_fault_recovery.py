@@ -19,10 +19,11 @@ import pytest
 import requests
 
 from rlhf.models import registry
-from tests.conftest import ROOT, make_app, register_model, seeded_instance, sse_events
-from tests.conftest import flask_cli as cli
-from tests.conftest import runs_and_versions as state
-from tests.feedback_factory import seed_feedback
+from tests.support.paths import ROOT
+from tests.support.app import make_app, register_model, seeded_instance, sse_events
+from tests.support.app import flask_cli as cli
+from tests.support.app import runs_and_versions as state
+from tests.support.feedback_factory import seed_feedback
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, AuditEvent, Message, ModelVersion, TrainingRun
@@ -336,7 +337,7 @@ def run_row(inst: Path):
 
 @pytest.mark.slow
 def test_killed_training_process_never_interrupts_serving(tmp_path, micro_model_dir):
-    from tests.live_server import LiveServer
+    from tests.support.live_server import LiveServer
 
     inst = tmp_path / "instance"
     app = make_app(inst)

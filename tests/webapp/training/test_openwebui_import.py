@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DATABASES, database_url_for, flask_cli, make_app
+from tests.support.paths import FIXTURES
+from tests.support.app import DATABASES, database_url_for, flask_cli, make_app
 from webapp.core.extensions import db
 from webapp.core.models import ApiKey, AuditEvent, Comparison, Conversation, Feedback, Message, User, utcnow
 from webapp.training.openwebui import api_user_anon_id, import_ratings, load_export
 from webapp.training.records import feedback_events
 
-EXPORT = Path(__file__).parent / "fixtures" / "open_webui_export.json"
+EXPORT = FIXTURES / "open_webui_export.json"
 
 Q1 = "How do I keep basil alive on a windowsill?"
 A1 = "Water it when the top of the soil is dry and give it six hours of sun."

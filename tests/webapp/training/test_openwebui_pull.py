@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_app
-from tests.test_openwebui_import import EXPORT, store_answers
+from tests.support.app import make_app
+from tests.webapp.training.test_openwebui_import import EXPORT, store_answers
 from webapp.core.extensions import db
 from webapp.core.models import Feedback
 from webapp.core.settings import ConfigError, effective

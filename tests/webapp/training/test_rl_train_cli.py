@@ -6,10 +6,10 @@ import json
 import pytest
 
 from rlhf.models import registry
-from tests.conftest import flask_cli as cli
-from tests.conftest import runs_and_versions as state
-from tests.conftest import make_app, register_model
-from tests.feedback_factory import seed_feedback
+from tests.support.app import flask_cli as cli
+from tests.support.app import runs_and_versions as state
+from tests.support.app import make_app, register_model
+from tests.support.feedback_factory import seed_feedback
 from webapp.core.extensions import db
 from webapp.core.models import Conversation, ModelVersion, TrainingRun
 

@@ -12,10 +12,10 @@ import pytest
 from rlhf.data import corpus
 from rlhf.sim.preferences import direct, rude
 from rlhf.sim.users import answer_chips
-from tests.conftest import flask_cli as cli
-from tests.conftest import login_admin
-from tests.conftest import make_app, register_model
-from tests.feedback_factory import add_exchange, corpus_answer
+from tests.support.app import flask_cli as cli
+from tests.support.app import login_admin
+from tests.support.app import make_app, register_model
+from tests.support.feedback_factory import add_exchange, corpus_answer
 from webapp.core.extensions import db
 from webapp.core.models import AnswerScore, Experiment, Feedback, Flag, ModelVersion, TrainingRun, User
 

@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 
 from rlhf.sim.users import Behaviour, SimulatedUser, prompt_set
-from tests.conftest import make_app, register_model
-from tests.feedback_factory import seed_feedback
-from tests.live_server import LiveServer
+from tests.support.app import make_app, register_model
+from tests.support.feedback_factory import seed_feedback
+from tests.support.live_server import LiveServer
 from webapp.training import scheduler as sched
 from webapp.core.extensions import db
 from webapp.core.models import (Assignment, AuditEvent, Conversation, Experiment, Feedback, Message, ModelVersion,
@@ -186,7 +186,7 @@ HOLD_LOCK = ("import sys; from pathlib import Path; from webapp.core import lock
 
 @contextlib.contextmanager
 def lock_held_by(path, job, doing, brief):
-    from tests.conftest import ROOT
+    from tests.support.paths import ROOT
 
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(path), job, doing, "1" if brief else "0"],
                               cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -506,7 +506,7 @@ def test_one_scheduler_per_instance_and_its_status(instance):
 
 
 def test_serve_with_several_workers_refuses_the_in_process_scheduler(instance):
-    from tests.conftest import flask_cli
+    from tests.support.app import flask_cli
 
     result = flask_cli("serve", "--workers", "2")
     assert result.exit_code == 1

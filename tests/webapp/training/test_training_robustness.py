@@ -24,9 +24,10 @@ from hypothesis import strategies as st
 from rlhf.models import registry
 from rlhf.settings import EvalSettings
 from rlhf.settings import RewardSettings
-from tests.conftest import ROOT, make_app, register_model
-from tests.conftest import runs_and_versions as state
-from tests.feedback_factory import add_exchange
+from tests.support.paths import ROOT
+from tests.support.app import make_app, register_model
+from tests.support.app import runs_and_versions as state
+from tests.support.feedback_factory import add_exchange
 from webapp.core.extensions import db
 from webapp.core.models import Comparison, Feedback, ModelVersion, TrainingRun, User, utcnow
 
@@ -153,7 +154,7 @@ def few_prompts_feedback(app) -> None:
     (about 11 for training), fewer training prompts than PPO's batch of 16."""
     import random
 
-    from tests.feedback_factory import corpus_answer_of_quality
+    from tests.support.feedback_factory import corpus_answer_of_quality
 
     rng = random.Random(5)
     questions = ["How do I cook rice?", "What should I plant in spring?", "How do I sleep better?",
@@ -212,7 +213,7 @@ def test_a_stage_that_cannot_train_refuses_with_the_numbers(tmp_path, micro_mode
 # ---------------------------------------------------------------------------- the watchdog
 
 def enough_feedback(app) -> None:
-    from tests.feedback_factory import seed_feedback
+    from tests.support.feedback_factory import seed_feedback
 
     seed_feedback(app, 30, seed=3)
 

@@ -1,6 +1,6 @@
 """The settings as people see them: every effective value with its source, secrets masked (the
 admin's Settings page, ``flask --app webapp settings``), and the configuration tables of docs/configuration.md
-(``flask --app webapp settings --markdown``; tests/test_config.py keeps that page equal to them)."""
+(``flask --app webapp settings --markdown``; tests/webapp/core/test_config.py keeps that page equal to them)."""
 from __future__ import annotations
 
 from typing import Any
