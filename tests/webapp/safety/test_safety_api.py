@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.support.app import ApiClient, make_app, register_model, sse_events
-from tests.webapp.admin.test_admin import PASSWORD, login
+from tests.support.admin import PASSWORD, login
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import AuditEvent, Message, RailIntervention, RailRule

@@ -1,0 +1,11 @@
+"""The admin tests' app: three versions and an admin account (tests/support/admin.py)."""
+from __future__ import annotations
+
+import pytest
+
+from tests.support.admin import admin_setup
+
+
+@pytest.fixture
+def setup(tmp_path, micro_model_dir):
+    return admin_setup(tmp_path, micro_model_dir)
