@@ -194,7 +194,7 @@ def _count(value: Any) -> float | None:
 
 
 def trust_section(feedback_counts: Any) -> dict[str, Any] | None:
-    """The run's ``feedback_counts["trust"]`` (rlhf.trust.assessment's summary: ``rules`` {rule: {raters,
+    """The run's ``feedback_counts["trust"]`` (rlhf.trust's summary: ``rules`` {rule: {raters,
     rows, weight_removed}}, ``applied`` {rule: bool}, ``notes`` [str]) as the run page shows it:
     one row per rule (the known ones first, in their order), and the notes. None without it."""
     trust = feedback_counts.get("trust") if isinstance(feedback_counts, dict) else None

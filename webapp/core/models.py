@@ -295,7 +295,7 @@ class RaterTrust(db.Model):
 
 
 class RaterAssessment(db.Model):
-    """The latest training run's assessment of one rater (rlhf.trust.assessment): their volume, share of
+    """The latest training run's assessment of one rater (rlhf.trust): their volume, share of
     the cycle's signal, agreement with the other raters, training weight and status."""
 
     __tablename__ = "rater_assessments"

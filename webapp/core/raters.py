@@ -3,7 +3,7 @@ and who is left out of A/B verdicts.
 
 * ``rater_trust``: what an admin decided (``auto``: the assessment decides; ``trusted``: never
   quarantined automatically; ``quarantined``: left out), with a note, who and when.
-* ``rater_assessments``: the latest training run's assessment per rater (rlhf.trust.assessment's
+* ``rater_assessments``: the latest training run's assessment per rater (rlhf.trust's
   output: events, raw_share, share, agreement, checked, weight, status, reasons), stored by
   :func:`store_assessments`. A rater absent from a later run keeps their last assessment, which
   names its run.
@@ -59,7 +59,7 @@ def _number(value: Any, default: float | None = 0.0) -> float | None:
 
 
 def store_assessments(run_id: int | None, raters: Mapping[int | str, Mapping[str, Any]]) -> int:
-    """Upsert the latest assessment of each rater from rlhf.trust.assessment's per-rater dicts
+    """Upsert the latest assessment of each rater from rlhf.trust's per-rater dicts
     (``{user_id: {"rater", "events", "raw_share", "share", "agreement", "checked", "weight",
     "status", "reasons"}}``, keys as int or str) and commit. Raters that are not users (any more)
     are skipped. Returns the number of rows stored."""
