@@ -72,7 +72,7 @@ def weigh_raters(bundle: DatasetBundle, settings: CycleSettings,
     has not been applied yet: quarantined raters' rows removed, a ``weight`` on every other row,
     the summary in ``counts["trust"]``. ``raters``: what the web layer knows about each rater (user
     id -> RaterInfo); None, or a rater missing from it, means "auto" with an unknown age, which is
-    not treated as new (rlhf.trust.crowd._is_new)."""
+    not treated as new (rlhf.trust.crowd.is_new)."""
     if not settings.trust.enabled or "trust" in bundle.counts:
         return bundle
     return trusted_bundle(bundle, raters, settings.trust)

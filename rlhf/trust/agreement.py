@@ -1,4 +1,10 @@
-"""Leave-raters-out agreement: what a model fitted without a rater makes of its items."""
+"""Agreement: the evidence each rater's own items give about it.
+
+Raters are split into folds; each fold's raters are scored by an agreement model fitted on the
+items no rater of the fold touched (rlhf.trust.proxy_model), so nothing a rater gave enters the
+model it is judged by. A :class:`Tally` counts, per rater, the items that model agrees with;
+:func:`pooled` and :func:`dispersion` summarise it over raters.
+"""
 from __future__ import annotations
 
 import math
@@ -8,11 +14,11 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 from scipy import stats
 
-from rlhf.trust.proxy_model import _fit, _Items
+from rlhf.trust.proxy_model import Items, fit
 
 
 @dataclass
-class _Tally:
+class Tally:
     """What a leave-raters-out model made of each rater's items: pairs it agrees with / checked,
     and per kto label (good, bad): rows it agrees with / rows."""
 
@@ -21,14 +27,9 @@ class _Tally:
     kto: dict[int, np.ndarray]  # good labels right, good labels, bad labels right, bad labels
 
     @classmethod
-    def empty(cls, raters: Iterable[int]) -> "_Tally":
+    def empty(cls, raters: Iterable[int]) -> Tally:
         raters = list(raters)
         return cls({r: 0 for r in raters}, {r: 0 for r in raters}, {r: np.zeros(4) for r in raters})
-
-    def __add__(self, other: "_Tally") -> "_Tally":
-        return _Tally({r: n + other.pair_ok[r] for r, n in self.pair_ok.items()},
-                      {r: n + other.pair_n[r] for r, n in self.pair_n.items()},
-                      {r: a + other.kto[r] for r, a in self.kto.items()})
 
     def plain(self) -> tuple[dict[int, int], dict[int, int]]:
         """Items agreeing and items checked: a kto row agrees when the model's good/bad call matches."""
@@ -47,7 +48,7 @@ class _Tally:
         return correct, checked
 
 
-def _pooled(correct: Mapping[int, float], checked: Mapping[int, float], vote: Mapping[int, float]
+def pooled(correct: Mapping[int, float], checked: Mapping[int, float], vote: Mapping[int, float]
             ) -> tuple[float | None, float]:
     """Agreement pooled over raters weighted by ``vote``, and the one-sided p-value of "above 0.5"
     (normal approximation with Kish's effective number of items)."""
@@ -59,14 +60,15 @@ def _pooled(correct: Mapping[int, float], checked: Mapping[int, float], vote: Ma
     return num / den, float(stats.norm.sf((num / den - 0.5) / math.sqrt(0.25 / n_eff)))
 
 
-def _fold_of(raters: Iterable[int], folds: int) -> dict[int, int]:
+def fold_of(raters: Iterable[int], folds: int) -> dict[int, int]:
+    """Each rater's fold, ``0 .. folds - 1``: a fixed (seed 0) shuffle of the sorted raters, dealt in turn."""
     order = sorted(raters)
     perm = np.random.default_rng(0).permutation(len(order))
     return {order[i]: k % folds for k, i in enumerate(perm)}
 
 
-def _agreement(items: _Items, fit_weight: np.ndarray, folds: int, fit_on: np.ndarray,
-               score_on: np.ndarray) -> _Tally:
+def leave_raters_out(items: Items, fit_weight: np.ndarray, folds: int, fit_on: np.ndarray,
+                     score_on: np.ndarray) -> Tally:
     """Leave-raters-out agreement: for each fold of raters, fit on the ``fit_on`` items no rater of
     the fold touched (weighted by ``fit_weight``), and score the fold's raters' ``score_on``
     items. A pair agrees when the model scores chosen above rejected (a tie, same features, is no
@@ -74,20 +76,20 @@ def _agreement(items: _Items, fit_weight: np.ndarray, folds: int, fit_on: np.nda
     crowd's share of thumbs up) matches the label, so a rater calling bad what nearly everyone
     calls good disagrees even where the features cannot say why."""
     raters = sorted({r for rs in items.raters for r in rs})
-    tally = _Tally.empty(raters)
+    tally = Tally.empty(raters)
     k = min(folds, len(raters))
-    fold = _fold_of(raters, k)
+    fold = fold_of(raters, k)
     item_folds = [{fold[r] for r in rs} for rs in items.raters]
     for f in range(k):
         train = fit_on & (fit_weight > 0) & np.array([f not in fs for fs in item_folds])
         held = score_on & np.array([f in fs for fs in item_folds])
         if not held.any() or train.sum() < 2:
             continue
-        _score_fold(items, _fit(items.rows[train], items.label[train], fit_weight[train], items.bias), held, tally)
+        score_fold(items, fit(items.rows[train], items.label[train], fit_weight[train], items.bias), held, tally)
     return tally
 
 
-def _score_fold(items: _Items, theta: np.ndarray, held: np.ndarray, tally: _Tally) -> None:
+def score_fold(items: Items, theta: np.ndarray, held: np.ndarray, tally: Tally) -> None:
     """Add what ``theta`` makes of the ``held`` items (single-rater ones) to ``tally``."""
     margin = (items.rows[held] @ theta) * items.label[held]
     for i, m in zip(np.flatnonzero(held), margin):
@@ -100,7 +102,7 @@ def _score_fold(items: _Items, theta: np.ndarray, held: np.ndarray, tally: _Tall
             tally.kto[r] += (m > 0, 1, 0, 0) if items.label[i] > 0 else (0, 0, m > 0, 1)
 
 
-def _rater_loglik(items: _Items, thetas: Sequence[np.ndarray], mask: np.ndarray) -> dict[int, np.ndarray]:
+def rater_loglik(items: Items, thetas: Sequence[np.ndarray], mask: np.ndarray) -> dict[int, np.ndarray]:
     """Per rater, the log-likelihood of its own single-rater ``mask`` items under each model."""
     out: dict[int, np.ndarray] = {}
     idx = np.flatnonzero(mask)
@@ -113,7 +115,7 @@ def _rater_loglik(items: _Items, thetas: Sequence[np.ndarray], mask: np.ndarray)
         out[r] = out.get(r, 0.0) + row
     return out
 
-def _dispersion(correct: Mapping[int, float], checked: Mapping[int, float]) -> float:
+def dispersion(correct: Mapping[int, float], checked: Mapping[int, float]) -> float:
     """p-value of "every rater agrees with the held-out fit at chance" (Pearson's chi-square over
     raters, one degree of freedom each). When the features cannot express what raters prefer,
     each rater's leave-raters-out agreement is a coin flip; camps that cancel out in the pooled

@@ -1,4 +1,11 @@
-"""The agreement model: every pair and kto row as an item, and a cheap logistic fit on hashed n-grams."""
+"""The agreement model: a cheap proxy for the neural reward model.
+
+Every pair and kto row of a bundle is one item: a linear Bradley-Terry item (pairs: features of
+the chosen answer minus the rejected one's, "chosen beats rejected") or a logistic one (kto: the
+answer's features and a bias, the crowd's share of thumbs up). Features are hashed word unigrams
+and bigrams of the answer text plus its log length; the fit is L2-regularised logistic regression
+by Newton-CG on sparse features, tens of milliseconds. It never sees the prompt.
+"""
 from __future__ import annotations
 
 import math
@@ -18,7 +25,7 @@ _TOKEN = re.compile(r"[a-z0-9']+")
 
 
 @dataclass
-class _Items:
+class Items:
     """Every pair and kto row as one item of the agreement model."""
 
     raters: list[tuple[int, ...]]
@@ -26,6 +33,11 @@ class _Items:
     label: np.ndarray  # +1 / -1 (pairs: +1, "chosen beats rejected")
     bias: int  # the column of the kto bias (not regularised), -1 without kto rows
     is_kto: np.ndarray  # 1.0 for kto rows, 0.0 for pairs
+
+    def single(self) -> np.ndarray:
+        """The items one rater gave alone (a same_prompt pair joins two raters' thumbs: which of
+        them it speaks for cannot be told)."""
+        return np.array([len(rs) == 1 for rs in self.raters])
 
 
 def _text(message: list[dict[str, str]]) -> str:
@@ -45,7 +57,10 @@ def _features(texts: Sequence[str]) -> sparse.csr_matrix:
     return sparse.csr_matrix((values, indices, indptr), shape=(len(texts), _FEATURES + 2))
 
 
-def _items(bundle: DatasetBundle) -> _Items:
+def agreement_items(bundle: DatasetBundle) -> Items:
+    """Every pair and kto row of ``bundle`` (train and eval) as an item, pairs first."""
+    if not any(bundle.pairs[s] or bundle.kto[s] for s in ("train", "eval")):
+        return Items(raters=[], rows=sparse.csr_matrix((0, 1)), label=np.zeros(0), bias=-1, is_kto=np.zeros(0))
     pairs = [r for split in ("train", "eval") for r in bundle.pairs[split]]
     kto = [r for split in ("train", "eval") for r in bundle.kto[split]]
     texts: dict[str, int] = {}
@@ -63,11 +78,11 @@ def _items(bundle: DatasetBundle) -> _Items:
     used = np.unique(rows.indices)
     rows = rows[:, used].tocsr()
     label = np.array([1.0] * len(pairs) + [1.0 if r["label"] else -1.0 for r in kto])
-    return _Items(raters=[tuple(r.get("raters", ())) for r in pairs + kto], rows=rows, label=label,
-                  bias=len(used) - 1 if kto else -1, is_kto=np.array([0.0] * len(pairs) + [1.0] * len(kto)))
+    return Items(raters=[tuple(r.get("raters", ())) for r in pairs + kto], rows=rows, label=label,
+                 bias=len(used) - 1 if kto else -1, is_kto=np.array([0.0] * len(pairs) + [1.0] * len(kto)))
 
 
-def _fit(rows: sparse.csr_matrix, label: np.ndarray, weight: np.ndarray, bias: int) -> np.ndarray:
+def fit(rows: sparse.csr_matrix, label: np.ndarray, weight: np.ndarray, bias: int) -> np.ndarray:
     """L2-regularised logistic regression of ``label`` on ``rows`` (item weights scaled to mean 1);
     the column ``bias`` (the kto bias) is not regularised. Newton-CG with exact Hessian-vector
     products: ~15 Newton steps, tens of milliseconds for a few thousand items."""
@@ -82,11 +97,11 @@ def _fit(rows: sparse.csr_matrix, label: np.ndarray, weight: np.ndarray, bias: i
     def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
         z = yx @ theta
         value = float(v @ np.logaddexp(0.0, -z)) + 0.5 * float(theta @ (penalty * theta))
-        return value, -(yx_t @ (v * _sigmoid(-z))) + penalty * theta
+        return value, -(yx_t @ (v * sigmoid(-z))) + penalty * theta
 
     def hessp(theta: np.ndarray, p: np.ndarray) -> np.ndarray:
         if curvature.get("at") is None or not np.array_equal(curvature["at"], theta):
-            s = _sigmoid(yx @ theta)
+            s = sigmoid(yx @ theta)
             curvature.update(at=theta.copy(), d=v * s * (1 - s))
         return yx_t @ (curvature["d"] * (yx @ p)) + penalty * p + 1e-9 * p
 
@@ -94,10 +109,12 @@ def _fit(rows: sparse.csr_matrix, label: np.ndarray, weight: np.ndarray, bias: i
                              options={"xtol": 1e-4}).x
 
 
-def _sigmoid(z: np.ndarray) -> np.ndarray:
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    """The logistic function (by tanh: no overflow)."""
     return 0.5 * (1.0 + np.tanh(0.5 * z))
 
 
-def _logit(p: float) -> float:
+def logit(p: float) -> float:
+    """log(p / (1 - p)), with ``p`` clipped to [1e-6, 1 - 1e-6]."""
     p = min(max(p, 1e-6), 1 - 1e-6)
     return math.log(p / (1 - p))

@@ -1,4 +1,10 @@
-"""From rater weights to row weights, and what the trainers do with them."""
+"""From rater weights to row weights, and what the trainers do with them.
+
+:func:`apply_trust` gives every row of a bundle the weight of the raters who gave it and drops
+the rows of quarantined raters; the reward trainer multiplies each pair's loss by the weight
+(:func:`normalized_weights`), trainers whose loss is TRL's own resample rows by it
+(:func:`resample_by_weight`).
+"""
 from __future__ import annotations
 
 import math
@@ -8,8 +14,6 @@ import numpy as np
 
 from rlhf.data.datasets import DatasetBundle, criteria_counts
 from rlhf.trust.report import TrustResult
-
-# ---------------------------------------------------------------------------- applying
 
 JOINED_SOURCES = ("same_prompt", "rated")  # rows built from several raters' separate judgements
 
