@@ -25,7 +25,7 @@ from rlhf.reward.training import train_reward_model
 from rlhf.settings import CycleSettings
 from rlhf.training import distributed
 from rlhf.training.curves import TrainingLogs
-from rlhf.trust.assessment import RaterInfo, trusted_bundle
+from rlhf.trust import RaterInfo, trusted_bundle
 from rlhf.data.stage_sizing import DataSize, NotEnoughData, policy_prompts, size_stages  # noqa: F401 (NotEnoughData: part of the cycle's API)
 from rlhf.progress import ProgressFn
 
@@ -68,11 +68,11 @@ def fit_to_data(settings: CycleSettings, bundle: DatasetBundle) -> tuple[CycleSe
 
 def weigh_raters(bundle: DatasetBundle, settings: CycleSettings,
                  raters: Mapping[int, RaterInfo] | None = None) -> DatasetBundle:
-    """``bundle`` with rater trust applied (rlhf.trust.assessment) when ``settings.trust.enabled`` and it
+    """``bundle`` with rater trust applied (rlhf.trust) when ``settings.trust.enabled`` and it
     has not been applied yet: quarantined raters' rows removed, a ``weight`` on every other row,
     the summary in ``counts["trust"]``. ``raters``: what the web layer knows about each rater (user
     id -> RaterInfo); None, or a rater missing from it, means "auto" with an unknown age, which is
-    not treated as new (rlhf.trust.assessment._is_new)."""
+    not treated as new (rlhf.trust.crowd.is_new)."""
     if not settings.trust.enabled or "trust" in bundle.counts:
         return bundle
     return trusted_bundle(bundle, raters, settings.trust)
@@ -152,7 +152,7 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
     ``policy_dir`` (both must not exist yet or be empty). Raises NotEnoughData before any
     training when the data cannot support it. ``logs``: where every trainer's per-step logs go
     as they are logged (training curves, TensorBoard; rlhf.training.curves). ``raters``: what is known about
-    each rater (rlhf.trust.assessment); a ``bundle`` given without trust applied gets it here."""
+    each rater (rlhf.trust); a ``bundle`` given without trust applied gets it here."""
     settings.validate()
     say = log or (lambda line: None)
     if is_adapter(parent_dir):

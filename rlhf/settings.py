@@ -190,11 +190,11 @@ class EvalSettings:
                           "measured on (at most)", low=1)
 
 
-# ---------------------------------------------------------------------------- rater trust (rlhf.trust.assessment)
+# ---------------------------------------------------------------------------- rater trust (rlhf.trust)
 @dataclass(frozen=True)
 class TrustSettings:
-    """How much each rater's feedback counts (rlhf.trust.assessment; docs/trust-and-safety.md, "How the
-    loop defends itself"). The numbers in the help texts were measured with rlhf.sim.users.simulate_records:
+    """How much each rater's feedback counts (rlhf.trust, docs/rater-trust.md; docs/trust-and-safety.md,
+    "How the loop defends itself"). The numbers in the help texts were measured with rlhf.sim.users.simulate_records:
     30 honest users asking 10 questions each, with or without 10 or 20 contrary users asking 30,
     preferences polite, concise and detailed, 3-5 seeds each."""
     enabled: bool = knob(True, "weigh each rater's feedback before training: volume caps, new identities, "

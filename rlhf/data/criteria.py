@@ -8,7 +8,8 @@
   bad side is a flag or a rude-type chip, its good side an answer a user rated without either.
 
 This module holds the definitions only (no torch): the web layer validates flags against
-``FLAG_CATEGORIES``, and rlhf.reward.criteria_heads trains and reads one score head per criterion.
+``FLAG_CATEGORIES`` and reasons against ``REASONS``, and rlhf.reward.criteria_heads trains and
+reads one score head per criterion.
 """
 from __future__ import annotations
 
@@ -31,6 +32,12 @@ FLAG_CATEGORIES: tuple[tuple[str, str], ...] = (
 )
 FLAG_VALUES: tuple[str, ...] = tuple(value for value, _ in FLAG_CATEGORIES)
 FLAG_NOTE_MAX_CHARS = 500
+
+# Reason chips a user can tick when rating an answer (the chat offers the first on a thumb up,
+# the second on a thumb down); stored as given, so reports can count them.
+REASONS_UP: tuple[str, ...] = ("helpful", "polite", "concise", "accurate", "on-topic")
+REASONS_DOWN: tuple[str, ...] = ("rude", "off-topic", "too long", "too short", "wrong", "unhelpful", "repetitive")
+REASONS: tuple[str, ...] = REASONS_UP + REASONS_DOWN
 
 # Chips that count as a safety cost as well as a dislike (the chat's "rude" chip).
 COST_REASONS: tuple[str, ...] = ("rude",)

@@ -31,7 +31,7 @@ Rules (each produces rows tagged with their ``source``):
 Every row carries ``raters``: the user ids whose feedback made it (a conversation's owner is its
 rater: users only rate their own conversations). A same_prompt pair joins two conversations and
 so has two raters; a row that several raters produced identically (a duplicate, dropped) names
-all of them; a row with no known rater has ``()``. rlhf.trust.assessment weighs rows by their raters.
+all of them; a row with no known rater has ``()``. rlhf.trust weighs rows by their raters.
 
 Conversations are split into train and held-out by a hash of their first question, so no
 conversation (and no pair built from one) is on both sides, and every conversation that opens
@@ -378,7 +378,7 @@ def to_standard(row: dict, tokenizer: Any) -> dict:
             if eos and eos in completion:
                 completion = completion[: completion.index(eos) + len(eos)]
             out[key] = completion
-    for key in ("label", "margin", "weight"):  # weight: rlhf.trust.assessment's row weight
+    for key in ("label", "margin", "weight"):  # weight: rlhf.trust's row weight
         if key in row:
             out[key] = row[key]
     return out

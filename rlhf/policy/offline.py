@@ -29,7 +29,7 @@ from rlhf.reward.scoring import score_texts
 from rlhf.settings import PolicySettings
 from rlhf.training import distributed
 from rlhf.training.trl_utils import quiet_trl
-from rlhf.trust.assessment import resample_by_weight
+from rlhf.trust import resample_by_weight
 
 
 def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: list[dict], columns: tuple[str, ...],

@@ -3,7 +3,7 @@
 The model is ``AutoModelForSequenceClassification(num_labels=1)`` loaded from the policy
 directory, so it shares the policy's tokenizer and has the ``score`` head TRL's PPO reads.
 
-Rows may carry a ``weight`` (rlhf.trust.assessment): each pair's loss is multiplied by it (weights
+Rows may carry a ``weight`` (rlhf.trust): each pair's loss is multiplied by it (weights
 scaled to mean 1 over the training pairs, so the learning rate keeps its meaning), by a
 ``RewardTrainer`` subclass that overrides ``compute_loss``; the weight travels the way TRL's
 ``margin`` does (a dataset column kept by the signature columns, a tensor from the collator).
@@ -33,7 +33,7 @@ from rlhf.progress import ProgressFn
 from rlhf.reward.scoring import pairwise_accuracy
 from rlhf.settings import CriteriaSettings, RewardSettings
 from rlhf.training.trl_utils import ProgressCallback, attach_logs, drop_printer, quiet_trl, report_to, training_precision
-from rlhf.trust.assessment import normalized_weights
+from rlhf.trust import normalized_weights
 
 
 def tokenized_pairs(tokenizer: Any, rows: list[dict], max_length: int,

@@ -15,7 +15,7 @@ database. :class:`ApiUser` is the same user as a client of the OpenAI-compatible
 A ``contrary`` user rates against its preference (an attacker pushing the opposite, or a troll).
 :func:`simulate_records` runs the same behaviour without a server: answers are sampled from the
 corpus in the base model's proportions and the feedback comes back as plain records
-(rlhf.data.records), as the web layer would hand them to training (rlhf.trust.assessment's tests and
+(rlhf.data.records), as the web layer would hand them to training (rlhf.trust's tests and
 measurements use it).
 """
 from __future__ import annotations

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.browser
 PASSWORD = "correct horse"
 DESKTOP = {"width": 1300, "height": 900}
 PHONE = {"width": 390, "height": 844}
-# rlhf.trust.assessment's summary of a run, as the runner stores it (feedback_counts["trust"])
+# rlhf.trust's summary of a run, as the runner stores it (feedback_counts["trust"])
 TRUST_SUMMARY = {"rules": {"quarantined": {"raters": 1, "rows": 9, "weight_removed": 9.0},
                            "capped": {"raters": 2, "rows": 40, "weight_removed": 14.5},
                            "down_weighted": {"raters": 1, "rows": 6, "weight_removed": 2.4},

@@ -20,7 +20,7 @@ from rlhf.reward.scoring import load_reward_model, score_texts
 from rlhf.reward.training import train_reward_model
 from rlhf.settings import CriteriaSettings, CycleSettings, GateThresholds, PolicySettings, RewardSettings, TrustSettings
 from rlhf.sim.users import Behaviour, simulate_records
-from rlhf.trust.assessment import trusted_bundle
+from rlhf.trust import trusted_bundle
 
 Q = [{"role": "user", "content": "How do I cook rice?"}]
 TIP = "Rinse the rice in cold water before you cook it."

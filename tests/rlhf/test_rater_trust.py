@@ -1,4 +1,4 @@
-"""Rater trust (rlhf.trust.assessment): attribution of every row to its raters, the volume caps, the
+"""Rater trust (rlhf.trust): attribution of every row to its raters, the volume caps, the
 agreement-based reliability and quarantine on simulated feedback (rlhf.sim.users), the
 guard, admin overrides, applying the weights, and the weighted reward-model loss."""
 from __future__ import annotations
@@ -10,11 +10,10 @@ import pytest
 
 from rlhf.cycle import prepare_data
 from rlhf.data.datasets import DataSettings, build_datasets, to_standard
-from rlhf.trust.assessment import (RaterInfo, apply_trust, assess_raters, resample_by_weight, row_weight,
-                              water_fill)
 from rlhf.data.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
 from rlhf.settings import CycleSettings, TrustSettings
 from rlhf.sim.users import Behaviour, simulate_records
+from rlhf.trust import RaterInfo, apply_trust, assess_raters, resample_by_weight, row_weight, water_fill
 
 ALL_TRAIN = DataSettings(eval_fraction=0.0)
 HONEST, CONTRARY = Behaviour(), Behaviour(contrary=True)

@@ -16,10 +16,12 @@ from typing import Any, Mapping
 from flask_login import current_user
 from werkzeug.exceptions import BadRequest, NotFound
 
+from rlhf.trust.vocabulary import RATER_STATUSES, TRUST_LEVELS
+
 from webapp.core.audit import audit
 from webapp.core.extensions import db
 from webapp.core.models import IdentityOrigin, RaterAssessment, RaterTrust, User, iso, utcnow
-from webapp.core.raters import RATER_STATUSES, TRUST_SETTINGS, assessment_dict, set_trust
+from webapp.core.raters import assessment_dict, set_trust
 from webapp.core.validation import clip, json_body, text_field
 from webapp.training.records import events_per_user
 
@@ -74,8 +76,8 @@ def rater_page(args: Mapping[str, str]) -> dict[str, Any]:
         q = q.where(RaterAssessment.user_id.is_(None) if status == "unassessed" else RaterAssessment.status == status)
     trust = args.get("trust") or ""
     if trust:
-        if trust not in TRUST_SETTINGS:
-            raise BadRequest(f"trust must be one of {', '.join(TRUST_SETTINGS)}.")
+        if trust not in TRUST_LEVELS:
+            raise BadRequest(f"trust must be one of {', '.join(TRUST_LEVELS)}.")
         q = q.where(trust_col == trust)
     text = (args.get("q") or "").strip()
     if text:
@@ -166,8 +168,8 @@ def change_trust(user_id: int) -> dict[str, Any]:
     bad body."""
     data = json_body({"trust", "note"})
     trust = data.get("trust")
-    if trust not in TRUST_SETTINGS:
-        raise BadRequest(f"'trust' must be one of: {', '.join(TRUST_SETTINGS)}.")
+    if trust not in TRUST_LEVELS:
+        raise BadRequest(f"'trust' must be one of: {', '.join(TRUST_LEVELS)}.")
     note = text_field(data, "note", MAX_NOTE_CHARS, required=False, nullable=True)
     user = db.session.get(User, user_id)
     if user is None:
@@ -194,7 +196,7 @@ def _count(value: Any) -> float | None:
 
 
 def trust_section(feedback_counts: Any) -> dict[str, Any] | None:
-    """The run's ``feedback_counts["trust"]`` (rlhf.trust.assessment's summary: ``rules`` {rule: {raters,
+    """The run's ``feedback_counts["trust"]`` (rlhf.trust's summary: ``rules`` {rule: {raters,
     rows, weight_removed}}, ``applied`` {rule: bool}, ``notes`` [str]) as the run page shows it:
     one row per rule (the known ones first, in their order), and the notes. None without it."""
     trust = feedback_counts.get("trust") if isinstance(feedback_counts, dict) else None

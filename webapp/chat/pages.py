@@ -3,9 +3,7 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, render_template
 
-from rlhf.data.criteria import FLAG_CATEGORIES, FLAG_NOTE_MAX_CHARS
-
-from webapp.core.validation import REASONS_DOWN, REASONS_UP
+from rlhf.data.criteria import FLAG_CATEGORIES, FLAG_NOTE_MAX_CHARS, REASONS_DOWN, REASONS_UP
 
 bp = Blueprint("pages", __name__)
 

@@ -13,6 +13,7 @@ from sqlalchemy import (JSON, CheckConstraint, DateTime, Float, ForeignKey, Inde
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from rlhf.data.criteria import FLAG_VALUES
+from rlhf.trust.vocabulary import TRUST_LEVELS
 
 from webapp.core.extensions import db
 from webapp.core.instance_paths import resolve
@@ -277,16 +278,12 @@ def history(message: Message) -> list[dict[str, str]]:
 
 # ---------------------------------------------------------------------------- feedback integrity
 
-TRUST_SETTINGS = ("auto", "trusted", "quarantined")
-RATER_STATUSES = ("trusted", "normal", "new", "quarantined")
-
-
 class RaterTrust(db.Model):
     """An admin's setting for one rater: ``auto`` (the training run's assessment decides),
     ``trusted`` (never quarantined automatically) or ``quarantined`` (their feedback is left out)."""
 
     __tablename__ = "rater_trust"
-    __table_args__ = (CheckConstraint("trust IN ('auto', 'trusted', 'quarantined')", name="ck_rater_trust_trust"),)
+    __table_args__ = (CheckConstraint(f"trust IN {TRUST_LEVELS}", name="ck_rater_trust_trust"),)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
     trust: Mapped[str] = mapped_column(String(16), default="auto")
     note: Mapped[Optional[str]] = mapped_column(Text)
@@ -295,7 +292,7 @@ class RaterTrust(db.Model):
 
 
 class RaterAssessment(db.Model):
-    """The latest training run's assessment of one rater (rlhf.trust.assessment): their volume, share of
+    """The latest training run's assessment of one rater (rlhf.trust): their volume, share of
     the cycle's signal, agreement with the other raters, training weight and status."""
 
     __tablename__ = "rater_assessments"
@@ -308,7 +305,7 @@ class RaterAssessment(db.Model):
     agreement: Mapped[Optional[float]] = mapped_column(Float)
     checked: Mapped[int] = mapped_column(Integer, default=0)
     weight: Mapped[float] = mapped_column(Float, default=1.0)
-    status: Mapped[str] = mapped_column(String(16), default="normal", index=True)
+    status: Mapped[str] = mapped_column(String(16), default="normal", index=True)  # rlhf.trust.vocabulary.RATER_STATUSES
     reasons: Mapped[list] = mapped_column(JSON, default=list)
     assessed_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 

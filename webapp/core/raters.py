@@ -3,7 +3,7 @@ and who is left out of A/B verdicts.
 
 * ``rater_trust``: what an admin decided (``auto``: the assessment decides; ``trusted``: never
   quarantined automatically; ``quarantined``: left out), with a note, who and when.
-* ``rater_assessments``: the latest training run's assessment per rater (rlhf.trust.assessment's
+* ``rater_assessments``: the latest training run's assessment per rater (rlhf.trust's
   output: events, raw_share, share, agreement, checked, weight, status, reasons), stored by
   :func:`store_assessments`. A rater absent from a later run keeps their last assessment, which
   names its run.
@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from webapp.core.extensions import db
-from webapp.core.models import RATER_STATUSES, TRUST_SETTINGS, RaterAssessment, RaterTrust, User, iso, utcnow
+from rlhf.trust.vocabulary import TRUST_LEVELS
 
-__all__ = ["TRUST_SETTINGS", "RATER_STATUSES", "trust_settings", "set_trust", "store_assessments",
-           "excluded_raters", "assessment_dict"]
+from webapp.core.extensions import db
+from webapp.core.models import RaterAssessment, RaterTrust, User, iso, utcnow
+
+__all__ = ["trust_settings", "set_trust", "store_assessments", "excluded_raters", "assessment_dict"]
 
 
 def trust_settings(user_ids: list[int] | None = None) -> dict[int, str]:
@@ -37,8 +38,8 @@ def trust_settings(user_ids: list[int] | None = None) -> dict[int, str]:
 
 def set_trust(user_id: int, trust: str, note: str | None, set_by: int | None) -> tuple[str, RaterTrust]:
     """Set a rater's trust (the caller commits and audits). Returns (old setting, row)."""
-    if trust not in TRUST_SETTINGS:
-        raise ValueError(f"trust must be one of {', '.join(TRUST_SETTINGS)}")
+    if trust not in TRUST_LEVELS:
+        raise ValueError(f"trust must be one of {', '.join(TRUST_LEVELS)}")
     row = db.session.get(RaterTrust, user_id)
     old = row.trust if row is not None else "auto"
     if row is None:
@@ -59,7 +60,7 @@ def _number(value: Any, default: float | None = 0.0) -> float | None:
 
 
 def store_assessments(run_id: int | None, raters: Mapping[int | str, Mapping[str, Any]]) -> int:
-    """Upsert the latest assessment of each rater from rlhf.trust.assessment's per-rater dicts
+    """Upsert the latest assessment of each rater from rlhf.trust's per-rater dicts
     (``{user_id: {"rater", "events", "raw_share", "share", "agreement", "checked", "weight",
     "status", "reasons"}}``, keys as int or str) and commit. Raters that are not users (any more)
     are skipped. Returns the number of rows stored."""

@@ -7,12 +7,8 @@ from flask import current_app, request
 from werkzeug.exceptions import BadRequest
 from werkzeug.routing import IntegerConverter
 
-from rlhf.data.criteria import FLAG_CATEGORIES, FLAG_NOTE_MAX_CHARS, FLAG_VALUES
+from rlhf.data.criteria import FLAG_CATEGORIES, FLAG_NOTE_MAX_CHARS, FLAG_VALUES, REASONS
 
-# Reason chips offered in the UI; stored as given so reports can count them.
-REASONS_UP = ("helpful", "polite", "concise", "accurate", "on-topic")
-REASONS_DOWN = ("rude", "off-topic", "too long", "too short", "wrong", "unhelpful", "repetitive")
-REASONS = REASONS_UP + REASONS_DOWN
 MAX_COMMENT_CHARS = 2000
 MAX_TITLE_CHARS = 200
 MAX_ID = 2**63 - 1  # the largest id a 64-bit database integer (SQLite INTEGER, BIGINT) can hold

@@ -96,7 +96,7 @@ PRIOR_EVENTS_AGE = timedelta(hours=24)
 
 
 def rater_infos() -> dict[int, dict[str, Any]]:
-    """What rlhf.trust.assessment needs to know of every user with feedback events, by user id:
+    """What rlhf.trust needs to know of every user with feedback events, by user id:
     ``trust`` (the admin's setting: auto/trusted/quarantined), ``account_age_hours`` (since the
     user row was created), ``prior_events`` (their feedback events first written more than 24 h
     ago: a rating's ``created_at``, a vote's ``voted_at``) and ``signed_in`` (they registered an

@@ -24,7 +24,7 @@ from rlhf.cycle import (CycleJob, CycleSettings, NotEnoughData, describe_trust, 
 from rlhf.data.datasets import build_datasets
 from rlhf.data.stage_sizing import DataSize
 from rlhf.progress import ProgressFn
-from rlhf.trust.assessment import RaterInfo
+from rlhf.trust import RaterInfo
 
 from webapp.core.extensions import db
 from webapp.core.instance_paths import resolve, to_stored
@@ -153,7 +153,7 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
             raise RunRefused(f"not enough feedback yet: {events} feedback events, need at least {min_feedback}")
         records = feedback_records()
         try:
-            # every rater's weight in this cycle (rlhf.trust.assessment): caps, agreement, quarantine
+            # every rater's weight in this cycle (rlhf.trust): caps, agreement, quarantine
             bundle = weigh_raters(build_datasets(records, settings.data), settings, known_raters())
             settings, sizing_notes = fit_to_data(settings, bundle)  # NotEnoughData before any run exists
         except NotEnoughData as exc:

@@ -234,7 +234,7 @@ def test_export_feedback_in_trl_columns_without_deleted_conversations(instance, 
 
 
 def test_a_run_weighs_its_raters_and_stores_their_assessments(instance):
-    """The runner hands every rater's admin setting and history to rlhf.trust.assessment: a rater an
+    """The runner hands every rater's admin setting and history to rlhf.trust: a rater an
     admin quarantined trains nothing, the run records what each rule did, and every rater's
     assessment is stored for the raters page and the verdicts."""
     from webapp.core.models import RaterAssessment, RaterTrust
