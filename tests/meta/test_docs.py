@@ -15,9 +15,6 @@ DOCS = sorted((ROOT / "docs").rglob("*.md"))
 MARKDOWN = [ROOT / "README.md", *DOCS]
 RESULTS = [ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "RESULTS.notes.md"]
 
-# Pages linked from here that another change is writing at the same time; a link to one is
-# accepted while the file does not exist yet (once it does, it is checked like any other).
-PENDING_PAGES = ("docs/rater-trust.md",)
 
 def rel(path: Path, root: Path = ROOT) -> str:
     return str(path.relative_to(root))
@@ -71,8 +68,7 @@ def broken_links(path: Path, root: Path = ROOT) -> list[str]:
         file_part, _, anchor = target.partition("#")
         dest = (path.parent / file_part).resolve() if file_part else path
         if not dest.exists():
-            if rel(dest, root) not in PENDING_PAGES:
-                broken.append(f"{rel(path, root)}: {target} (no such file)")
+            broken.append(f"{rel(path, root)}: {target} (no such file)")
             continue
         if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{rel(path, root)}: {target} (no such heading in {rel(dest, root)})")
