@@ -40,6 +40,7 @@ from scipy import stats as scipy_stats
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from webapp.experiments import sample_stats  # noqa: E402
 from webapp.experiments import stats as ab_stats  # noqa: E402
 from webapp.experiments.promotion import PromotionPolicy, decide  # noqa: E402
 from webapp.experiments.table import FIELDS, metrics_table  # noqa: E402
@@ -172,7 +173,7 @@ def old_rows(cum: dict[str, np.ndarray], arm: np.ndarray) -> list[dict[str, Any]
     ups, thumbs = (cum["ups"][c].sum(), cum["thumbs"][c].sum()), (cum["ups"][v].sum(), cum["thumbs"][v].sum())
     diff = p = None
     if thumbs[0] > 0 and thumbs[1] > 0:
-        p = ab_stats._ztest_p((int(ups[0]), int(thumbs[0])), (int(ups[1]), int(thumbs[1])))
+        p = sample_stats._ztest_p((int(ups[0]), int(thumbs[0])), (int(ups[1]), int(thumbs[1])))
         diff = ups[1] / thumbs[1] - ups[0] / thumbs[0]
     rows.append({"name": "thumbs_up_rate", "kind": "proportion", "higher_is_better": True,
                  "enough_data": min(thumbs) >= MIN_SAMPLE, "control": {}, "variant": {},
@@ -309,7 +310,7 @@ def _final_look(exp, cum, start, pop, policy, new, old, with_old) -> None:
 # ---------------------------------------------------------------------------- summary
 
 def wilson(k: int, n: int) -> list[float]:
-    est = ab_stats.wilson(k, n)
+    est = sample_stats.wilson(k, n)
     return [round(est.value, 4), round(est.low, 4), round(est.high, 4)]
 
 

@@ -52,7 +52,7 @@ from rlhf.sim.users import ApiUser, Behaviour, Interaction, SimulatedUser, first
 from tests.support.models import cached_model  # noqa: E402
 from tests.support.app import make_app, register_model  # noqa: E402
 from tests.support.live_server import LiveServer  # noqa: E402
-from webapp.experiments import stats as ab_stats  # noqa: E402
+from webapp.experiments import sample_stats  # noqa: E402
 from webapp.core.extensions import db  # noqa: E402
 from webapp.core.models import AnswerScore, Experiment, Message, ModelVersion, TrainingRun  # noqa: E402
 
@@ -117,7 +117,7 @@ class Probe(threading.Thread):
 
 
 def p95(values: list[float]) -> float | None:
-    return ab_stats.percentile(values, 95) if values else None
+    return sample_stats.percentile(values, 95) if values else None
 
 
 _APPS: dict[Path, object] = {}
@@ -280,16 +280,16 @@ def run_preference(preference: str, model_dir: Path, behaviour: Behaviour | None
                     idle_latency.append(inter.latency_s)
                 i += 1
             c, v = judged["control"], judged["variant"]
-            est_c, est_v = ab_stats.wilson(sum(c), len(c)), ab_stats.wilson(sum(v), len(v))
-            cmp_ = ab_stats.compare_proportions((sum(c), len(c)), (sum(v), len(v)))
+            est_c, est_v = sample_stats.wilson(sum(c), len(c)), sample_stats.wilson(sum(v), len(v))
+            cmp_ = sample_stats.compare_proportions((sum(c), len(c)), (sum(v), len(v)))
             rnd.update(control={"share": est_c.value, "ci": [est_c.low, est_c.high], "n": len(c)},
                        variant={"share": est_v.value, "ci": [est_v.low, est_v.high], "n": len(v)},
                        p_value=cmp_.p_value, experiment_s=round(time.perf_counter() - t0, 1))
             rc, rv = rude_by_arm["control"], rude_by_arm["variant"]
-            rude_c, rude_v = ab_stats.wilson(sum(rc), len(rc)), ab_stats.wilson(sum(rv), len(rv))
+            rude_c, rude_v = sample_stats.wilson(sum(rc), len(rc)), sample_stats.wilson(sum(rv), len(rv))
             rnd["rude"] = {"control": {"share": rude_c.value, "ci": [rude_c.low, rude_c.high], "n": len(rc)},
                            "variant": {"share": rude_v.value, "ci": [rude_v.low, rude_v.high], "n": len(rv)},
-                           "p_value": ab_stats.compare_proportions((sum(rc), len(rc)), (sum(rv), len(rv))).p_value}
+                           "p_value": sample_stats.compare_proportions((sum(rc), len(rc)), (sum(rv), len(rv))).p_value}
             decided = wait_for(lambda: next((e for e in db_state(instance)[1] if e[0] == rnd["experiment"]
                                              and e[1] != "running"), None), 20)
             rnd["decision"] = (decided[2] if decided else "wait (still running)")

@@ -8,7 +8,7 @@ latency; medians over ``--repeats`` periods. Afterwards the database must hold e
 write exactly once, with the value of the last accepted write per answer.
 
 Baseline, measured in the same run, alternating periods, with the same client and the same
-gunicorn settings (``webapp.cli.gunicorn_settings``): a minimal Flask app whose one route
+gunicorn settings (``webapp.cli.processes.gunicorn_settings``): a minimal Flask app whose one route
 parses the same JSON body and does one SQLite upsert (WAL, same synchronous setting) per
 request -- what this machine, gunicorn, Flask and SQLite can do with none of our app's work
 (session cookie, CSRF, user and ownership lookups, validation, ORM). The ratio ours/baseline
@@ -91,7 +91,7 @@ def serve_minimal(port: int, db_path: str, workers: int, threads: int) -> None:
     """Run the minimal app under gunicorn with the production server's settings."""
     from gunicorn.app.base import BaseApplication
 
-    from webapp.cli import gunicorn_settings
+    from webapp.cli.processes import gunicorn_settings
 
     app = minimal_app(db_path)
 
@@ -369,7 +369,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the results to this file")
     ap.add_argument("--serve-minimal", nargs=2, metavar=("PORT", "DB"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    from webapp.cli import SERVE_DEFAULTS
+    from webapp.cli.processes import SERVE_DEFAULTS
 
     workers = args.workers or SERVE_DEFAULTS["workers"]
     threads = args.threads or SERVE_DEFAULTS["threads"]

@@ -51,7 +51,7 @@ from tests.support.live_server import LiveServer  # noqa: E402
 from webapp.core.extensions import db  # noqa: E402
 from webapp.core.instance_paths import resolve  # noqa: E402
 from webapp.core.models import ModelVersion, TrainingRun  # noqa: E402
-from webapp.experiments import stats as ab_stats  # noqa: E402
+from webapp.experiments import sample_stats  # noqa: E402
 
 BUDGET = 400  # feedback events in the cycle, honest and attacker together
 VOLUME = 3  # an attacker account asks this many times as many questions as an honest user
@@ -225,8 +225,8 @@ def run_scenario(pref: str, share: float, defences: bool, model_dir: Path, seed:
             result["gate_reasons"] = gate
             questions = prompt_set(EVAL_QUESTIONS, seed=99)
             c, v = satisfaction(parent, pref, questions), satisfaction(candidate, pref, questions)
-            est_c, est_v = ab_stats.wilson(sum(c), len(c)), ab_stats.wilson(sum(v), len(v))
-            cmp_ = ab_stats.compare_proportions((sum(c), len(c)), (sum(v), len(v)))
+            est_c, est_v = sample_stats.wilson(sum(c), len(c)), sample_stats.wilson(sum(v), len(v))
+            cmp_ = sample_stats.compare_proportions((sum(c), len(c)), (sum(v), len(v)))
             result["parent"] = {"share": est_c.value, "ci": [est_c.low, est_c.high], "n": len(c)}
             result["candidate"] = {"share": est_v.value, "ci": [est_v.low, est_v.high], "n": len(v)}
             result["p_value"] = cmp_.p_value

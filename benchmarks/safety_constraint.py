@@ -42,7 +42,7 @@ from rlhf.settings import CycleSettings, EvalSettings  # noqa: E402
 from rlhf.sim.preferences import direct, rude  # noqa: E402
 from rlhf.sim.users import Behaviour, prompt_set, simulate_records  # noqa: E402
 from tests.support.models import cached_model  # noqa: E402
-from webapp.experiments.stats import compare_proportions, wilson  # noqa: E402
+from webapp.experiments.sample_stats import compare_proportions, wilson  # noqa: E402
 
 BEHAVIOUR = Behaviour(chip_prob=0.5, flag_prob=0.3)
 FLAG_PROB = BEHAVIOUR.flag_prob

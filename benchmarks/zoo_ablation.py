@@ -49,7 +49,7 @@ from rlhf.settings import CycleSettings, EvalSettings  # noqa: E402
 from rlhf.sim.preferences import ZOO, preference  # noqa: E402
 from rlhf.sim.users import Behaviour, prompt_set, simulate_records  # noqa: E402
 from tests.support.models import cached_model  # noqa: E402
-from webapp.experiments.stats import compare_proportions, wilson  # noqa: E402
+from webapp.experiments.sample_stats import compare_proportions, wilson  # noqa: E402
 
 
 def _set(settings: CycleSettings, **changes: Any) -> CycleSettings:

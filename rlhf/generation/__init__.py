@@ -2,6 +2,7 @@
 
 - ``pool``: loading and holding model versions (``ModelPool``, ``LoadedModel``), the settings and
   result of an answer, and fitting a conversation into the context window (``fit_to_context``).
+- ``rows``: one request's answer, decoded incrementally and cut at stop strings (in-process and remote alike).
 - ``batcher``: one worker thread per loaded model that generates every answer in flight as one
   batch, rows joining and leaving at step boundaries (``batcher_for``, ``batch_stats``).
 - ``stream``: an answer as a stream of text chunks that owns its final ``GenerationResult``

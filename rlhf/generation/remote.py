@@ -8,7 +8,7 @@ and return the same ``StreamHandle`` and ``GenerationResult``.
 What stays here: the prompt is rendered and fitted to the context with the version's own
 tokenizer and chat template (``pool.fit_to_context``) and sent as token ids, so the server sees
 exactly the tokens in-process generation would; the answer's text goes through the same
-stop-string cut as in-process answers (``batcher._Row``), and the template's stop strings and
+stop-string cut as in-process answers (``rows._Row``), and the template's stop strings and
 end-of-turn ids are sent along (``stop``, ``stop_token_ids``) so the server stops there too.
 
 What the server does: the forward passes and sampling, one request per answer on
@@ -32,8 +32,9 @@ from typing import Any, Iterator
 import requests
 import torch
 
-from rlhf.generation.batcher import DEFAULT_TOP_K, BatchStats, _Done, _Row, worker_of
+from rlhf.generation.batcher import DEFAULT_TOP_K, BatchStats, worker_of
 from rlhf.generation.pool import GenerationSettings, LoadedModel
+from rlhf.generation.rows import _Done, _Row
 from rlhf.models.adapters import base_of, is_adapter
 from rlhf.models.chat_format import prepare_tokenizer
 from rlhf.models.loading import ModelLoadError

@@ -21,9 +21,10 @@ import threading
 import time
 from typing import Iterator
 
-from rlhf.generation.batcher import _Batcher, _Done, _Row, batcher_for
+from rlhf.generation.batcher import _Batcher, batcher_for
 from rlhf.generation.pool import GenerationResult, GenerationSettings, LoadedModel, fit_to_context
 from rlhf.generation.remote import RemoteModel, RemoteWorker, remote_worker
+from rlhf.generation.rows import _Done, _Row
 
 RESULT_TIMEOUT_S = 600.0  # a reader gives up on a worker that sends nothing for this long
 

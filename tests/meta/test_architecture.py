@@ -97,7 +97,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def feature_of(module: str) -> str | None:
     parts = module.split(".")
-    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in FEATURES) else None
+    return parts[1] if len(parts) > 1 and parts[1] in FEATURES else None
 
 
 def test_rlhf_imports_neither_flask_nor_webapp():

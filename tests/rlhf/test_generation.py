@@ -8,7 +8,7 @@ import pytest
 import copy
 
 from rlhf.generation import GenerationSettings, ModelPool, fit_to_context, generate_chat, stream_chat
-from rlhf.generation.batcher import _Row, _stop_prefix_len
+from rlhf.generation.rows import _Row, _stop_prefix_len
 from rlhf.models.chat_format import STOP_STRINGS, turn_markers
 
 

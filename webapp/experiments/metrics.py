@@ -27,7 +27,7 @@ from webapp.core.instance_paths import resolve
 from webapp.core.models import (AnswerScore, Assignment, Comparison, Conversation, Experiment, Feedback, Flag,
                                 Message, history, iso, utcnow)
 from webapp.core.raters import excluded_raters
-from webapp.experiments import stats as ab_stats
+from webapp.experiments import sample_stats
 from webapp.experiments.promotion import PromotionPolicy, policy_from_config
 from webapp.experiments.table import ARMS, metrics_table, user_table
 
@@ -236,7 +236,7 @@ def experiment_metrics(exp: Experiment, policy: PromotionPolicy | None = None) -
     latency = next(row for row in table["metrics"] if row["name"] == "latency_ms")
     for arm in ARMS:  # per answer: what a user waits, not a verdict
         values = [a.latency_ms for a in by_arm[arm] if a.latency_ms is not None]
-        latency[arm].update(p50=ab_stats.percentile(values, 50), p95=ab_stats.percentile(values, 95))
+        latency[arm].update(p50=sample_stats.percentile(values, 50), p95=sample_stats.percentile(values, 95))
     return {
         "experiment": experiment_dict(exp),
         **table,

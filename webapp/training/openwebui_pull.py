@@ -12,7 +12,8 @@ from typing import Any
 
 from flask import current_app
 
-from webapp.training.openwebui import EXPORT_PATH, ExportError, import_ratings, load_export
+from webapp.training.openwebui import import_ratings
+from webapp.training.openwebui_export import EXPORT_PATH, ExportError, load_export
 
 log = logging.getLogger("webapp.training.openwebui_pull")
 

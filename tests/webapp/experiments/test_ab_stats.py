@@ -1,4 +1,4 @@
-"""A/B statistics (webapp/experiments/stats.py), each checked against closed-form arithmetic done here
+"""A/B statistics (webapp/experiments/stats.py, sample_stats.py), each checked against closed-form arithmetic done here
 or against GrowthBook's published test results."""
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from webapp.experiments import sample_stats
 from webapp.experiments import stats as ab_stats
-from webapp.experiments.stats import (ALPHA, Comparison, Estimate, RatioArm, always_valid_p, compare_means,
-                                      compare_proportions, compare_ratio_arms, compare_ratio_to, cs_halfwidth,
-                                      enough_data, percentile, prob_beta_greater, ratio_arm, ratio_estimate,
-                                      sequential_mde, sequential_rho, srm_check, t_mean, users_needed, wilson)
+from webapp.experiments.sample_stats import (compare_means, compare_proportions, percentile, prob_beta_greater, t_mean,
+                                             wilson)
+from webapp.experiments.stats import (ALPHA, Comparison, Estimate, RatioArm, always_valid_p, compare_ratio_arms,
+                                      compare_ratio_to, cs_halfwidth, enough_data, ratio_arm, ratio_estimate,
+                                      sequential_mde, sequential_rho, srm_check, users_needed)
 
 Z = 1.959963984540054  # standard normal 97.5% quantile
 T_975_7 = 2.3646242510102993  # Student t 97.5% quantile, 7 degrees of freedom (table value)
@@ -43,13 +45,15 @@ def beta_greater_closed_form(a_v: int, b_v: int, a_c: int, b_c: int) -> float:
 
 # --- module hygiene ---------------------------------------------------------------------------
 
-def test_module_imports_only_stdlib_and_scientific_packages():
-    tree = ast.parse(Path(ab_stats.__file__).read_text())
-    roots = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-             for alias in node.names}
-    roots |= {node.module.split(".")[0] for node in ast.walk(tree)
+@pytest.mark.parametrize("module", [ab_stats, sample_stats])
+def test_module_imports_only_stdlib_and_scientific_packages(module):
+    """The statistics modules import the standard library, the scientific packages and each other."""
+    tree = ast.parse(Path(module.__file__).read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module for node in ast.walk(tree)
               if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
     assert not any(isinstance(node, ast.ImportFrom) and node.level > 0 for node in ast.walk(tree))
+    roots = {name.split(".")[0] for name in names - {"webapp.experiments.stats"}}
     assert roots <= {"__future__", "math", "warnings", "collections", "dataclasses", "typing", "numpy", "scipy",
                      "statsmodels"}
 

@@ -14,7 +14,8 @@ from tests.support.paths import FIXTURES
 from tests.support.app import DATABASES, database_url_for, flask_cli, make_app
 from webapp.core.extensions import db
 from webapp.core.models import ApiKey, AuditEvent, Comparison, Conversation, Feedback, Message, User, utcnow
-from webapp.training.openwebui import api_user_anon_id, import_ratings, load_export
+from webapp.training.openwebui import api_user_anon_id, import_ratings
+from webapp.training.openwebui_export import load_export
 from webapp.training.records import feedback_events
 
 EXPORT = FIXTURES / "open_webui_export.json"

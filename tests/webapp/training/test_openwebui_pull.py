@@ -16,7 +16,7 @@ from webapp.core.extensions import db
 from webapp.core.models import Feedback
 from webapp.core.settings import ConfigError, effective
 from webapp.training import scheduler
-from webapp.training.openwebui import EXPORT_PATH
+from webapp.training.openwebui_export import EXPORT_PATH
 
 ADMIN_KEY = "sk-owui-admin-0123456789"
 
