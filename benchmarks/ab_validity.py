@@ -21,6 +21,9 @@ sequential one replaced (answers as independent trials, fixed-horizon p-values a
 copied below as the baseline.
 
     .venv/bin/python benchmarks/ab_validity.py [--quick] [--old] [--sims N] [--json FILE]
+
+One module because the simulation, the decision paths it compares (today's and the copied previous
+policy) and the summary are one experiment read top to bottom.
 """
 from __future__ import annotations
 

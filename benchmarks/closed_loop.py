@@ -30,6 +30,9 @@ With ``--zoo`` each preference also gets the reward model's AUC on the experimen
 scores the monitor stored for its mean-reward metric against the users' ground truth: held-out
 questions, answers of both arms) and the verdict against its budget: a significant win within
 400 events, 2 cycles and 15 minutes.
+
+One module because it is one experiment read top to bottom: the server, the simulated users, the
+loop's phases and the report.
 """
 from __future__ import annotations
 

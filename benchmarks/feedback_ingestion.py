@@ -19,6 +19,9 @@ The load generator (http.client keep-alive connections, one thread per client) r
 same cores as the server.
 
     .venv/bin/python benchmarks/feedback_ingestion.py [--clients 32] [--seconds 15] [--repeats 3] [--json FILE]
+
+One module because the baseline server, the load generator and the check of the stored rows
+belong to this one measurement and read top to bottom.
 """
 from __future__ import annotations
 

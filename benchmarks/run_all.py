@@ -19,6 +19,10 @@ default its last stored result is reused (marked as such, with its own date),
 everything runs, not for the numbers. ``--only``/``--skip`` select benchmarks; the table
 keeps the stored results of the others. ``--render-only`` rewrites RESULTS.md from the
 stored results.
+
+One module because each benchmark's entry, the table rows its results make and the runner and
+renderer that use them are read and changed together: adding a benchmark to the table touches
+this file only.
 """
 from __future__ import annotations
 

@@ -29,6 +29,9 @@ and stored with the raw figures.
 
     .venv/bin/python benchmarks/scaling.py [--device cpu|cuda] [--sizes embedded 10m 124m]
         [--episodes 32] [--volumes 100 200 400 800] [--parts serving memory cycle volume] [--json FILE]
+
+One module because it is one experiment read top to bottom, and each measured part runs as a
+child process of this same script (``--child``).
 """
 from __future__ import annotations
 

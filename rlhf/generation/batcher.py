@@ -1,7 +1,7 @@
 """The per-model batching worker: every answer in flight on one model is generated as one batch.
 
 Every loaded model has one generation worker thread (started on first use, gone after
-WORKER_IDLE_EXIT_S without work). The streaming layer (``stream``) submits a request as a ``_Row``
+WORKER_IDLE_EXIT_S without work). The streaming layer (``stream``) submits a request as a ``Row``
 and reads text from the row's own queue. The worker generates every request in flight as ONE
 batch, joining and leaving at step boundaries ("continuous batching"):
 
@@ -33,7 +33,7 @@ from transformers import DynamicCache, TemperatureLogitsWarper, TopKLogitsWarper
 from transformers.cache_utils import DynamicLayer
 
 from rlhf.generation.pool import LoadedModel
-from rlhf.generation.rows import _Row
+from rlhf.generation.rows import Row
 
 MAX_BATCH_ROWS = 32  # further requests wait for a free row
 WORKER_IDLE_EXIT_S = 60.0  # an idle worker exits; the next request starts a new one
@@ -56,7 +56,7 @@ class _Batch:
     right end of ``mask[i]`` (left padding); ``nxt[i]`` is its sampled token not yet fed in."""
 
     def __init__(self) -> None:
-        self.rows: list[_Row] = []
+        self.rows: list[Row] = []
         self.cache: Any = None
         self.mask: torch.Tensor | None = None  # [rows, cached positions]
         self.nxt: torch.Tensor | None = None  # [rows, 1]
@@ -81,7 +81,7 @@ class _Batcher:
         self.loaded = loaded
         self.stats = BatchStats()
         self._cond = threading.Condition()
-        self._pending: deque[_Row] = deque()
+        self._pending: deque[Row] = deque()
         self._thread: threading.Thread | None = None
         self._held = 0
         model, tok = loaded.model, loaded.tokenizer
@@ -93,7 +93,7 @@ class _Batcher:
         self._pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
         self._warpers: dict[tuple, list] = {}
 
-    def submit(self, row: _Row) -> None:
+    def submit(self, row: Row) -> None:
         with self._cond:
             self._pending.append(row)
             self.stats.requests += 1
@@ -102,7 +102,7 @@ class _Batcher:
                 self._thread.start()
             self._cond.notify()
 
-    def withdraw(self, row: _Row) -> None:
+    def withdraw(self, row: Row) -> None:
         """Finish ``row`` as cancelled at once if it has not started yet (else the worker drops
         it at its next step)."""
         with self._cond:
@@ -126,7 +126,7 @@ class _Batcher:
 
     # -- the worker thread
 
-    def _admit(self, batch: _Batch) -> list[_Row] | None:
+    def _admit(self, batch: _Batch) -> list[Row] | None:
         """Wait for work; the requests to start now, or None to exit (called holding the lock)."""
         while True:
             admit = bool(self._pending) and not self._held and (not batch.rows or batch.joinable)
@@ -134,7 +134,7 @@ class _Batcher:
                 break
             if not self._cond.wait(WORKER_IDLE_EXIT_S) and not self._pending and not self._held:
                 return None
-        new: list[_Row] = []
+        new: list[Row] = []
         while admit and self._pending and len(batch.rows) + len(new) < MAX_BATCH_ROWS:
             new.append(self._pending.popleft())
         return new
@@ -172,7 +172,7 @@ class _Batcher:
             kwargs.pop("position_ids")
         return self.loaded.model(use_cache=True, **kwargs)
 
-    def _start(self, batch: _Batch, new: list[_Row]) -> None:
+    def _start(self, batch: _Batch, new: list[Row]) -> None:
         """Prefill the new requests' prompts together, sample their first tokens, join the batch."""
         rows = []
         for row in new:
@@ -258,7 +258,7 @@ class _Batcher:
                 layer.keys, layer.values = layer.keys[..., unused:, :], layer.values[..., unused:, :]
             batch.mask = batch.mask[:, unused:]
 
-    def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:
         """Next token of every row, each with its own settings: the same warpers as
         ``model.generate`` (temperature, top-k, top-p) and multinomial sampling, or argmax. A row
         with a seed samples alone, from its own generator."""
@@ -277,7 +277,7 @@ class _Batcher:
             tokens[index] = self._pick(key, scores[index], self._generator(rows[members[0]], key))
         return tokens
 
-    def _generator(self, row: _Row, key: tuple) -> torch.Generator | None:
+    def _generator(self, row: Row, key: tuple) -> torch.Generator | None:
         if len(key) < 4:  # greedy, or sampled without a seed
             return None
         if row.generator is None:

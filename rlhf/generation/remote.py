@@ -8,7 +8,7 @@ and return the same ``StreamHandle`` and ``GenerationResult``.
 What stays here: the prompt is rendered and fitted to the context with the version's own
 tokenizer and chat template (``pool.fit_to_context``) and sent as token ids, so the server sees
 exactly the tokens in-process generation would; the answer's text goes through the same
-stop-string cut as in-process answers (``rows._Row``), and the template's stop strings and
+stop-string cut as in-process answers (``rows.Row``), and the template's stop strings and
 end-of-turn ids are sent along (``stop``, ``stop_token_ids``) so the server stops there too.
 
 What the server does: the forward passes and sampling, one request per answer on
@@ -34,7 +34,7 @@ import torch
 
 from rlhf.generation.batcher import DEFAULT_TOP_K, BatchStats, worker_of
 from rlhf.generation.pool import GenerationSettings, LoadedModel
-from rlhf.generation.rows import _Done, _Row
+from rlhf.generation.rows import Done, Row
 from rlhf.models.adapters import base_of, is_adapter
 from rlhf.models.chat_format import prepare_tokenizer
 from rlhf.models.loading import ModelLoadError
@@ -251,7 +251,7 @@ def _events(resp: requests.Response) -> Iterator[dict[str, Any]]:
         yield event
 
 
-def request_body(model: RemoteModel, row: _Row) -> dict[str, Any]:
+def request_body(model: RemoteModel, row: Row) -> dict[str, Any]:
     """The ``/v1/completions`` request of one answer: the prompt as token ids, the version's name,
     sampling as in-process generation does it (temperature 0: greedy, a seed passed on), its stops."""
     s: GenerationSettings = row.settings
@@ -273,12 +273,12 @@ class RemoteWorker:
         self._responses: dict[int, requests.Response] = {}
         self._lock = threading.Lock()
 
-    def submit(self, row: _Row) -> None:
+    def submit(self, row: Row) -> None:
         self.stats.requests += 1
         row.chunks_seen = 0  # type: ignore[attr-defined]  # text events received: the token count if no usage comes
         threading.Thread(target=self._run, args=(row,), name=f"remote-{self.model.name}", daemon=True).start()
 
-    def withdraw(self, row: _Row) -> None:
+    def withdraw(self, row: Row) -> None:
         """Stop ``row`` now (the reader went away): finish it as cancelled and drop the connection,
         which makes the server abort the request."""
         row.cancel.set()
@@ -291,8 +291,8 @@ class RemoteWorker:
             except (AttributeError, OSError):
                 pass
 
-    def _end(self, row: _Row, finish: str, tokens: int | None = None) -> None:
-        """Hand out the held-back text, then how the answer ended (as ``_Row.close``)."""
+    def _end(self, row: Row, finish: str, tokens: int | None = None) -> None:
+        """Hand out the held-back text, then how the answer ended (as ``Row.close``)."""
         with self._lock:
             if row.finished.is_set():
                 return
@@ -300,15 +300,15 @@ class RemoteWorker:
             if len(text) > row.emitted:
                 row.out.put(text[row.emitted:])
             count = tokens if tokens is not None else row.chunks_seen  # type: ignore[attr-defined]
-            row.done = _Done(count, finish, text)
+            row.done = Done(count, finish, text)
             row.finished.set()
             row.out.put(row.done)
 
-    def _fail(self, row: _Row, exc: BaseException) -> None:
+    def _fail(self, row: Row, exc: BaseException) -> None:
         with self._lock:
             row.fail(exc)
 
-    def _open(self, row: _Row) -> requests.Response:
+    def _open(self, row: Row) -> requests.Response:
         body = request_body(self.model, row)
         try:
             return self.model.client.complete(body)
@@ -319,7 +319,7 @@ class RemoteWorker:
             self.model.client.load_adapter(self.model.served_name, self.model.adapter_path)
             return self.model.client.complete(body)
 
-    def _run(self, row: _Row) -> None:
+    def _run(self, row: Row) -> None:
         try:
             resp = self._open(row)
         except Exception as exc:

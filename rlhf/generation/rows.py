@@ -2,7 +2,7 @@
 the answer decoded so far.
 
 A row decodes its tokens incrementally and puts text on its queue only once it cannot be the
-start of a stop string (``_stop_prefix_len``, ``turn_markers_of``), then a ``_Done`` saying how
+start of a stop string (``stop_prefix_len``, ``turn_markers_of``), then a ``Done`` saying how
 it ended, or the worker's error. The in-process batching worker (``batcher``) and the inference
 server's worker (``remote``) both answer through rows, so both cut stop strings the same way.
 """
@@ -19,7 +19,7 @@ from rlhf.generation.pool import GenerationSettings
 from rlhf.models.chat_format import STOP_STRINGS, turn_markers
 
 
-def _stop_prefix_len(text: str, stops: tuple[str, ...] = STOP_STRINGS) -> int:
+def stop_prefix_len(text: str, stops: tuple[str, ...] = STOP_STRINGS) -> int:
     """Length of the longest suffix of ``text`` that could begin a stop string."""
     best = 0
     for stop in stops:
@@ -41,15 +41,15 @@ def turn_markers_of(tokenizer: Any) -> tuple[tuple[str, ...], frozenset[int]]:
 
 
 @dataclass
-class _Done:
+class Done:
     token_count: int
     finish: str
     text: str
 
 
-class _Row:
+class Row:
     """One request: prompt, settings, and (worker side) the answer decoded so far. Text that is
-    safe to show goes into ``out`` as it is decoded; then a ``_Done`` or the worker's error."""
+    safe to show goes into ``out`` as it is decoded; then a ``Done`` or the worker's error."""
 
     def __init__(self, prompt_ids: list[int], settings: GenerationSettings, cancel: threading.Event,
                  tokenizer: Any) -> None:
@@ -60,7 +60,7 @@ class _Row:
         self.tok = tokenizer
         self.out: queue.SimpleQueue = queue.SimpleQueue()
         self.finished = threading.Event()
-        self.done: _Done | None = None
+        self.done: Done | None = None
         self.ids: list[int] = []
         self.text = ""  # decoded answer so far (leading space stripped, stop string cut off)
         self.emitted = 0  # len(text) already handed out
@@ -93,7 +93,7 @@ class _Row:
             self.text, self.finish = text[:cut], "stop_string"
             return
         self.text = text
-        safe = len(text) - _stop_prefix_len(text, self.stops)  # hold back a tail that may begin a stop string
+        safe = len(text) - stop_prefix_len(text, self.stops)  # hold back a tail that may begin a stop string
         if safe > self.emitted:
             self.out.put(text[self.emitted:safe])
             self.emitted = safe
@@ -128,7 +128,7 @@ class _Row:
         text = self.text.rstrip()
         if len(text) > self.emitted:
             self.out.put(text[self.emitted:])
-        self.done = _Done(len(self.ids), self.finish or "eos", text)
+        self.done = Done(len(self.ids), self.finish or "eos", text)
         self.finished.set()
         self.out.put(self.done)
 

@@ -24,7 +24,7 @@ from typing import Iterator
 from rlhf.generation.batcher import _Batcher, batcher_for
 from rlhf.generation.pool import GenerationResult, GenerationSettings, LoadedModel, fit_to_context
 from rlhf.generation.remote import RemoteModel, RemoteWorker, remote_worker
-from rlhf.generation.rows import _Done, _Row
+from rlhf.generation.rows import Done, Row
 
 RESULT_TIMEOUT_S = 600.0  # a reader gives up on a worker that sends nothing for this long
 
@@ -66,7 +66,7 @@ class StreamHandle:
                  cancel: threading.Event, started: float) -> None:
         self.cancel = cancel
         self._started = started
-        self._row = _Row(prompt_ids, settings, cancel, loaded.tokenizer)
+        self._row = Row(prompt_ids, settings, cancel, loaded.tokenizer)
         self._batcher: _Batcher | RemoteWorker = (remote_worker(loaded) if isinstance(loaded, RemoteModel)
                                                   else batcher_for(loaded))
         self._result: GenerationResult | None = None
@@ -126,7 +126,7 @@ class StreamHandle:
                     yield chunk
                     if item is None:
                         continue
-                if isinstance(item, _Done):
+                if isinstance(item, Done):
                     self._finish(item.text, item.token_count, first_token_ms, item.finish)
                     return
                 raise item  # the worker's error

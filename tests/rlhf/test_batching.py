@@ -136,20 +136,20 @@ def test_rows_keep_their_own_settings_in_one_batch(loaded, solo):
 def test_stop_strings_and_eos_end_a_row_exactly(loaded):
     tok = loaded.tokenizer
     ids = tok("Rinse it first.\nUser: and then?", add_special_tokens=False)["input_ids"]
-    row = rows_module._Row([1], GREEDY, threading.Event(), tok)
+    row = rows_module.Row([1], GREEDY, threading.Event(), tok)
     for token in ids:
         row.take(token)
         if row.finish:
             break
     row.close()
     chunks = []
-    while not isinstance(item := row.out.get_nowait(), rows_module._Done):
+    while not isinstance(item := row.out.get_nowait(), rows_module.Done):
         chunks.append(item)
     assert item.finish == "stop_string" and item.text == "Rinse it first."
     assert "".join(chunks) == "Rinse it first."  # the held-back "\n" never reached the reader
     # the token that completed "\nUser:" is the last one counted
     assert tok.decode(ids[:item.token_count]).endswith("User:") and item.token_count < len(ids)
-    row = rows_module._Row([1], GREEDY, threading.Event(), tok)
+    row = rows_module.Row([1], GREEDY, threading.Event(), tok)
     row.take(ids[0])
     row.take(tok.eos_token_id)
     assert row.finish == "eos" and len(row.ids) == 2

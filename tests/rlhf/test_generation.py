@@ -8,7 +8,7 @@ import pytest
 import copy
 
 from rlhf.generation import GenerationSettings, ModelPool, fit_to_context, generate_chat, stream_chat
-from rlhf.generation.rows import _Row, _stop_prefix_len
+from rlhf.generation.rows import Row, stop_prefix_len
 from rlhf.models.chat_format import STOP_STRINGS, turn_markers
 
 
@@ -52,15 +52,15 @@ def test_closing_the_stream_keeps_the_partial_answer(loaded):
 
 
 def test_stop_string_prefixes_are_held_back():
-    assert _stop_prefix_len("Hello\n") == 1
-    assert _stop_prefix_len("Hello\nUse") == 4
-    assert _stop_prefix_len("Hello") == 0
+    assert stop_prefix_len("Hello\n") == 1
+    assert stop_prefix_len("Hello\nUse") == 4
+    assert stop_prefix_len("Hello") == 0
     assert STOP_STRINGS == ("\nUser:", "\nAssistant:")
-    assert _stop_prefix_len("Hello\nAssis") == 6
+    assert stop_prefix_len("Hello\nAssis") == 6
 
 
-def _answer_of(tokenizer, text: str) -> _Row:
-    row = _Row([], GenerationSettings(max_new_tokens=200), threading.Event(), tokenizer)
+def _answer_of(tokenizer, text: str) -> Row:
+    row = Row([], GenerationSettings(max_new_tokens=200), threading.Event(), tokenizer)
     for token in tokenizer(text, add_special_tokens=False)["input_ids"]:
         row.take(token)
         if row.finish:

@@ -32,7 +32,7 @@ def needs_current_schema(command: click.Command) -> click.Command:
     return command
 
 
-def _ensure_model(force: bool = False):
+def ensure_model(force: bool = False):
     from webapp.serving.versions import ensure_base_version
 
     try:

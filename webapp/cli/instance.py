@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 from flask import current_app
 
-from webapp.cli.common import _ensure_model
+from webapp.cli.common import ensure_model
 
 
 @click.command("init-db")
@@ -29,5 +29,5 @@ def init_db_command() -> None:
 @click.option("--force", is_flag=True, help="Rebuild even if an active model version exists.")
 def init_model_command(force: bool) -> None:
     """Build the embedded base model (or import RLHF_BASE_MODEL) as the active version."""
-    version = _ensure_model(force=force)
+    version = ensure_model(force=force)
     click.echo(f"Active model version: {version.name} ({version.location})")

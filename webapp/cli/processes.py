@@ -7,7 +7,7 @@ import sys
 import click
 from flask import current_app
 
-from webapp.cli.common import _ensure_model
+from webapp.cli.common import ensure_model
 
 
 # Every streamed answer holds a request thread until it ends (the answers themselves are generated
@@ -34,7 +34,7 @@ def serve_command(host: str, port: int, threads: int, workers: int) -> None:
     from gunicorn.app.base import BaseApplication
 
     if current_app.config["RLHF_AUTO_INIT_MODEL"]:
-        _ensure_model()
+        ensure_model()
     app = current_app._get_current_object()
     if app.config["RLHF_SCHEDULER"] and workers > 1:
         raise click.ClickException(

@@ -1,7 +1,11 @@
 """The data model (tables and columns as docs/ describes them). Plain SQLAlchemy 2 declarative classes, so
 any SQLAlchemy database works; SQLite is the default. Every change here needs a revision in
 webapp/migrations/versions/ (`flask --app webapp db migrate -m "..."`); tests/webapp/core/test_migrations.py
-fails while the two disagree."""
+fails while the two disagree.
+
+One module because the whole schema in one place is what a migration author reads and what each
+revision is compared against: split, the tables that reference each other would change together
+across files."""
 from __future__ import annotations
 
 from datetime import datetime, timezone

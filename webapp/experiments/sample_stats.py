@@ -16,7 +16,7 @@ import numpy as np
 from scipy import integrate, stats
 from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint, proportions_ztest
 
-from webapp.experiments.stats import ALPHA, Comparison, Estimate, _NO_COMPARISON, _oriented, _zero_se_comparison
+from webapp.experiments.stats import ALPHA, Comparison, Estimate, NO_COMPARISON, oriented, zero_se_comparison
 
 # The Beta integral is taken over the variant posterior's central 1 - 2 * _TAIL mass.
 _TAIL = 1e-12
@@ -100,12 +100,12 @@ def compare_proportions(control: tuple[int, int], variant: tuple[int, int], high
     _check_counts(s_c, n_c)
     _check_counts(s_v, n_v)
     if n_c == 0 or n_v == 0:
-        return _NO_COMPARISON
+        return NO_COMPARISON
     low, high = confint_proportions_2indep(s_v, n_v, s_c, n_c, method="newcomb", compare="diff", alpha=alpha)
     p_better = prob_beta_greater(1 + s_v, 1 + n_v - s_v, 1 + s_c, 1 + n_c - s_c)
     return Comparison(diff=s_v / n_v - s_c / n_c, low=float(low), high=float(high),
                       p_value=_ztest_p(control, variant),
-                      chance_to_beat=_oriented(p_better, higher_is_better))
+                      chance_to_beat=oriented(p_better, higher_is_better))
 
 
 # --- means ------------------------------------------------------------------------------------
@@ -115,15 +115,15 @@ def compare_means(control: Sequence[float], variant: Sequence[float], higher_is_
     """Variant mean minus control mean by Welch's t-test; all None below two values in an arm."""
     c, v = _clean(control), _clean(variant)
     if c.size < 2 or v.size < 2:
-        return _NO_COMPARISON
+        return NO_COMPARISON
     diff = float(v.mean() - c.mean())
     se = math.sqrt(v.var(ddof=1) / v.size + c.var(ddof=1) / c.size)
     if se == 0.0:
-        return _zero_se_comparison(diff, higher_is_better)
+        return zero_se_comparison(diff, higher_is_better)
     with warnings.catch_warnings():  # scipy warns when one arm is constant; the test is still valid
         warnings.filterwarnings("ignore", "Precision loss", RuntimeWarning)
         result = stats.ttest_ind(v, c, equal_var=False)
     ci = result.confidence_interval(confidence_level=1 - alpha)
     p_better = stats.norm.cdf(diff / se)
     return Comparison(diff=diff, low=float(ci.low), high=float(ci.high), p_value=float(result.pvalue),
-                      chance_to_beat=_oriented(p_better, higher_is_better))
+                      chance_to_beat=oriented(p_better, higher_is_better))

@@ -52,19 +52,19 @@ class Comparison:
     chance_to_beat: float | None
 
 
-_NO_COMPARISON = Comparison(None, None, None, None, None)
+NO_COMPARISON = Comparison(None, None, None, None, None)
 
 
-def _oriented(p_better: float, higher_is_better: bool) -> float:
+def oriented(p_better: float, higher_is_better: bool) -> float:
     """``p_better`` is P(variant > control); flip it when lower values are better."""
     return float(p_better) if higher_is_better else float(1.0 - p_better)
 
 
-def _zero_se_comparison(diff: float, higher_is_better: bool) -> Comparison:
+def zero_se_comparison(diff: float, higher_is_better: bool) -> Comparison:
     """Both arms constant: the difference is known exactly."""
     if diff == 0:
         return Comparison(diff, diff, diff, 1.0, 0.5)
-    return Comparison(diff, diff, diff, 0.0, _oriented(1.0 if diff > 0 else 0.0, higher_is_better))
+    return Comparison(diff, diff, diff, 0.0, oriented(1.0 if diff > 0 else 0.0, higher_is_better))
 
 
 # --- experiment health ------------------------------------------------------------------------
@@ -232,11 +232,11 @@ def _sequential(diff: float, se: float, n: int, alpha: float, tuning: float) -> 
 def _fixed(diff: float, se: float, higher_is_better: bool, alpha: float) -> Comparison:
     """Fixed-horizon normal interval and p-value for ``diff`` with standard error ``se``."""
     if se <= 0:
-        return _zero_se_comparison(diff, higher_is_better)
+        return zero_se_comparison(diff, higher_is_better)
     half = float(special.ndtri(1 - alpha / 2)) * se
     z = diff / se
     return Comparison(diff, diff - half, diff + half, float(2 * special.ndtr(-abs(z))),
-                      _oriented(float(special.ndtr(z)), higher_is_better))
+                      oriented(float(special.ndtr(z)), higher_is_better))
 
 
 def compare_ratio_arms(control: RatioArm, variant: RatioArm, higher_is_better: bool = True, alpha: float = ALPHA,
@@ -250,7 +250,7 @@ def compare_ratio_arms(control: RatioArm, variant: RatioArm, higher_is_better: b
     All None when an arm has no variance estimate.
     """
     if control.variance is None or variant.variance is None:
-        return _NO_COMPARISON, _NO_SEQUENTIAL
+        return NO_COMPARISON, _NO_SEQUENTIAL
     diff = variant.value - control.value
     se = math.sqrt(control.variance + variant.variance)
     n = control.users + variant.users
@@ -261,7 +261,7 @@ def compare_ratio_to(arm: RatioArm, null: float, higher_is_better: bool = True, 
                      tuning: float = SEQUENTIAL_TUNING) -> tuple[Comparison, Sequential]:
     """One ratio against a fixed value (the compare win rate against 1/2), as above."""
     if arm.variance is None:
-        return _NO_COMPARISON, _NO_SEQUENTIAL
+        return NO_COMPARISON, _NO_SEQUENTIAL
     diff = arm.value - null
     se = math.sqrt(arm.variance)
     return _fixed(diff, se, higher_is_better, alpha), _sequential(diff, se, arm.users, alpha, tuning)

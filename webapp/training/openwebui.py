@@ -32,7 +32,7 @@ from webapp.core.extensions import db
 from webapp.core.identity import api_anon_id
 from webapp.core.models import ApiKey, Comparison, Conversation, Feedback, Message, User, utcnow
 from webapp.core.validation import clip
-from webapp.training.openwebui_export import _Rating, _Snap, _Unmatched, _epoch, parse_rating
+from webapp.training.openwebui_export import Rating, Snap, Unmatched, epoch, parse_rating
 
 UNMATCHED_REASONS = ("no such chat", "message not found", "text ambiguous", "not a rating", "malformed")
 
@@ -89,20 +89,20 @@ class _Matcher:
                                                Conversation.id.in_(sorted({m.conversation_id for m in candidates})))))
         return [m for m in candidates if m.conversation_id in owners]
 
-    def match(self, r: _Rating) -> tuple[Message, str]:
+    def match(self, r: Rating) -> tuple[Message, str]:
         """The stored answer ``r`` rates and how it was found ("message id" or "text")."""
         scope = self.chat(r.chat_id) or None
         found = self.by_id(r.message_id, scope)
         if len(found) == 1:
             return found[0], "message id"
         if len(found) > 1:
-            raise _Unmatched("text ambiguous", f"{len(found)} stored answers carry message id {clip(r.message_id)}")
+            raise Unmatched("text ambiguous", f"{len(found)} stored answers carry message id {clip(r.message_id)}")
         no_chat = (f"chat {clip(r.chat_id)} is not stored" if r.chat_id else "the record names no chat")
         if r.answer is None or r.answer.content is None or r.question is None or r.question.content is None:
             if scope:
-                raise _Unmatched("message not found", f"no stored answer in chat {clip(r.chat_id)} has message id "
+                raise Unmatched("message not found", f"no stored answer in chat {clip(r.chat_id)} has message id "
                                  f"{clip(r.message_id)}, and the snapshot has no text to match it by")
-            raise _Unmatched("no such chat", f"{no_chat}, and the snapshot has no text to match the answer by")
+            raise Unmatched("no such chat", f"{no_chat}, and the snapshot has no text to match the answer by")
         found = self.by_text(r.question.content, r.answer.content, scope)
         if len(found) > 1 and scope is None:
             found = self.owned_by(found, r.user_id) or found
@@ -110,14 +110,14 @@ class _Matcher:
             return found[0], "text"
         if found:
             where = f"in chat {clip(r.chat_id)}" if scope else "among the /v1 answers"
-            raise _Unmatched("text ambiguous", f"{len(found)} stored answers {where} have this text under this "
+            raise Unmatched("text ambiguous", f"{len(found)} stored answers {where} have this text under this "
                              "question")
         if scope:
-            raise _Unmatched("message not found", f"chat {clip(r.chat_id)} is stored, but no answer in it has message "
+            raise Unmatched("message not found", f"chat {clip(r.chat_id)} is stored, but no answer in it has message "
                              f"id {clip(r.message_id)} or this text under this question")
-        raise _Unmatched("no such chat", f"{no_chat}, and no /v1 answer has this text under this question")
+        raise Unmatched("no such chat", f"{no_chat}, and no /v1 answer has this text under this question")
 
-    def sibling(self, s: _Snap, question: str, rated: Message) -> Message | None:
+    def sibling(self, s: Snap, question: str, rated: Message) -> Message | None:
         """``s`` (another answer to the rated one's question) in the rated answer's conversation."""
         scope = [rated.conversation_id]
         found = self.by_id(s.id, scope)
@@ -134,7 +134,7 @@ def _unchanged(row: Feedback, changes: dict[str, Any]) -> bool:
                for k, v in changes.items())
 
 
-def _store_rating(owner: int, message_id: int, r: _Rating) -> str:
+def _store_rating(owner: int, message_id: int, r: Rating) -> str:
     """created / updated / unchanged / kept (the stored row is newer than the rating)."""
     row = db.session.scalars(db.select(Feedback).filter_by(user_id=owner, message_id=message_id)).first()
     state = None if row is None else ("unchanged" if _unchanged(row, r.changes)
@@ -204,8 +204,8 @@ def import_ratings(records: list, source: str = "", actor: str = "cli") -> dict[
             continue
         if fid in newest:
             old = newest[fid]
-            keep, drop = (i, old) if (_epoch(raw.get("updated_at")) or datetime.min) > \
-                (_epoch(records[old].get("updated_at")) or datetime.min) else (old, i)
+            keep, drop = (i, old) if (epoch(raw.get("updated_at")) or datetime.min) > \
+                (epoch(records[old].get("updated_at")) or datetime.min) else (old, i)
             newest[fid] = keep
             results[drop].update(status="duplicate", detail=f"record {keep + 1} has the same feedback id")
             results[keep].pop("status", None)
@@ -213,14 +213,14 @@ def import_ratings(records: list, source: str = "", actor: str = "cli") -> dict[
         else:
             newest[fid] = i
     matcher = _Matcher()
-    matched: dict[int, tuple[_Rating, Message]] = {}  # stored answer id -> its newest rating
+    matched: dict[int, tuple[Rating, Message]] = {}  # stored answer id -> its newest rating
     for i, raw in enumerate(records):
         if results[i].get("status") == "duplicate":
             continue
         try:
             r = parse_rating(i, raw)
             answer, how = matcher.match(r)
-        except _Unmatched as exc:
+        except Unmatched as exc:
             unmatched(i, exc.reason, exc.detail)
             continue
         results[i].update(status="matched", matched_by=how, message_id=answer.id)

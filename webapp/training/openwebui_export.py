@@ -46,7 +46,7 @@ class ExportError(ValueError):
     """The file or response as a whole is not an Open WebUI feedback export (one line)."""
 
 
-class _Unmatched(Exception):
+class Unmatched(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.reason, self.detail = reason, detail
@@ -68,7 +68,7 @@ def load_export(raw: str | bytes) -> list:
 
 
 @dataclass
-class _Snap:
+class Snap:
     """A message of the record's chat snapshot."""
 
     id: str
@@ -76,7 +76,7 @@ class _Snap:
 
 
 @dataclass
-class _Rating:
+class Rating:
     index: int
     id: str
     at: datetime  # the record's updated_at (naive UTC)
@@ -85,13 +85,13 @@ class _Rating:
     message_id: str
     thumb: str
     changes: dict[str, Any]
-    answer: _Snap | None = None
-    question: _Snap | None = None
-    siblings: list[_Snap] = field(default_factory=list)
+    answer: Snap | None = None
+    question: Snap | None = None
+    siblings: list[Snap] = field(default_factory=list)
     sibling_models: list[str] = field(default_factory=list)
 
 
-def _epoch(value: Any) -> datetime | None:
+def epoch(value: Any) -> datetime | None:
     """Open WebUI's epoch seconds (or ms/us/ns) as naive UTC."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         return None
@@ -111,16 +111,16 @@ def _reason_key(reason: str) -> str:
 def _text(value: Any, where: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
-    raise _Unmatched("malformed", f"{where} is not text")
+    raise Unmatched("malformed", f"{where} is not text")
 
 
-def _snapshot(raw: Any, message_id: str) -> tuple[_Snap | None, _Snap | None, list[_Snap]]:
+def _snapshot(raw: Any, message_id: str) -> tuple[Snap | None, Snap | None, list[Snap]]:
     """The rated answer, its question and the question's other answers, from ``snapshot.chat``
     (Open WebUI's chat: ``chat.chat.history.messages``; a bare chat object also works)."""
     if raw is None:
         return None, None, []
     if not isinstance(raw, dict):
-        raise _Unmatched("malformed", "snapshot is not an object")
+        raise Unmatched("malformed", "snapshot is not an object")
     chat = raw.get("chat")
     chat = chat.get("chat") if isinstance(chat, dict) and isinstance(chat.get("chat"), dict) else chat
     history = chat.get("history") if isinstance(chat, dict) else None
@@ -128,11 +128,11 @@ def _snapshot(raw: Any, message_id: str) -> tuple[_Snap | None, _Snap | None, li
     if not isinstance(messages, dict):
         return None, None, []
 
-    def snap(mid: Any, role: str) -> _Snap | None:
+    def snap(mid: Any, role: str) -> Snap | None:
         m = messages.get(mid) if isinstance(mid, str) else None
         if not isinstance(m, dict) or m.get("role") != role:
             return None
-        return _Snap(mid, m["content"] if isinstance(m.get("content"), str) else None)
+        return Snap(mid, m["content"] if isinstance(m.get("content"), str) else None)
 
     answer = snap(message_id, "assistant")
     parent = messages.get(messages[message_id].get("parentId")) if answer else None
@@ -142,35 +142,35 @@ def _snapshot(raw: Any, message_id: str) -> tuple[_Snap | None, _Snap | None, li
     return answer, question, siblings
 
 
-def parse_rating(index: int, raw: Any) -> _Rating:
-    """One export record as a rating to store; raises _Unmatched (malformed, not a rating)."""
+def parse_rating(index: int, raw: Any) -> Rating:
+    """One export record as a rating to store; raises Unmatched (malformed, not a rating)."""
     if not isinstance(raw, dict):
-        raise _Unmatched("malformed", "not a JSON object")
+        raise Unmatched("malformed", "not a JSON object")
     fid = raw.get("id")
     if not isinstance(fid, str) or not fid:
-        raise _Unmatched("malformed", "no feedback id")
+        raise Unmatched("malformed", "no feedback id")
     kind = raw.get("type")
     if kind != "rating":
         if isinstance(kind, str):
-            raise _Unmatched("not a rating", f"type {clip(kind)!r}")
-        raise _Unmatched("malformed", "no type")
+            raise Unmatched("not a rating", f"type {clip(kind)!r}")
+        raise Unmatched("malformed", "no type")
     data, meta = raw.get("data"), raw.get("meta")
     if not isinstance(data, dict):
-        raise _Unmatched("malformed", "data is not an object")
+        raise Unmatched("malformed", "data is not an object")
     if not isinstance(meta, dict):
-        raise _Unmatched("malformed", "meta is not an object")
+        raise Unmatched("malformed", "meta is not an object")
     rating = data.get("rating")
     if isinstance(rating, str) and rating.strip() in ("1", "-1"):
         rating = int(rating)
     if isinstance(rating, bool) or rating not in (1, -1):
-        raise _Unmatched("malformed", f"data.rating must be 1 or -1 (got {clip(json.dumps(rating))})")
+        raise Unmatched("malformed", f"data.rating must be 1 or -1 (got {clip(json.dumps(rating))})")
     message_id = meta.get("message_id")
     if not isinstance(message_id, str) or not message_id:
-        raise _Unmatched("malformed", "meta.message_id is missing")
+        raise Unmatched("malformed", "meta.message_id is missing")
     chat_id = _text(meta.get("chat_id"), "meta.chat_id") or None
-    at = _epoch(raw.get("updated_at", raw.get("created_at")))
+    at = epoch(raw.get("updated_at", raw.get("created_at")))
     if at is None:
-        raise _Unmatched("malformed", "updated_at is not a time")
+        raise Unmatched("malformed", "updated_at is not a time")
     user = raw.get("user")
     user_id = raw.get("user_id") or (user.get("id") if isinstance(user, dict) else None)
 
@@ -179,7 +179,7 @@ def parse_rating(index: int, raw: Any) -> _Rating:
     stars = details.get("rating") if isinstance(details, dict) else None
     if stars is not None:
         if isinstance(stars, bool) or not isinstance(stars, int) or not 1 <= stars <= 10:
-            raise _Unmatched("malformed", f"data.details.rating must be 1-10 (got {clip(json.dumps(stars))})")
+            raise Unmatched("malformed", f"data.details.rating must be 1-10 (got {clip(json.dumps(stars))})")
         body["rating"] = (stars + 1) // 2  # 1-10 -> 1-5 stars: ceil(r / 2)
     reason, comment = _text(data.get("reason"), "data.reason"), _text(data.get("comment"), "data.comment")
     parts = [comment.strip()] if comment and comment.strip() else []
@@ -191,9 +191,9 @@ def parse_rating(index: int, raw: Any) -> _Rating:
     try:
         changes = feedback_changes(body)  # the chat API's own checks (NUL characters, lengths)
     except BadRequest as exc:
-        raise _Unmatched("malformed", str(exc.description)) from None
+        raise Unmatched("malformed", str(exc.description)) from None
     answer, question, siblings = _snapshot(raw.get("snapshot"), message_id)
     models = data.get("sibling_model_ids")
-    return _Rating(index, fid, at, user_id if isinstance(user_id, str) and user_id else None, chat_id, message_id,
+    return Rating(index, fid, at, user_id if isinstance(user_id, str) and user_id else None, chat_id, message_id,
                    body["thumb"], changes, answer, question, siblings,
                    [m for m in models if isinstance(m, str)] if isinstance(models, list) else [])
