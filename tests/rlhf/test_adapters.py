@@ -191,7 +191,7 @@ def test_merged_full_versions_still_load_as_plain_models(store, tmp_path):
 
 def test_pruning_keeps_the_base_of_a_kept_adapter_version(tmp_path, micro_model_dir):
     from tests.support.app import make_app, register_model
-    from webapp.training import scheduler as sched
+    from webapp.training import jobs
     from webapp.core.extensions import db
     from webapp.core.models import ModelVersion
 
@@ -204,10 +204,10 @@ def test_pruning_keeps_the_base_of_a_kept_adapter_version(tmp_path, micro_model_
         db.session.add(ModelVersion(name=path.name, path=str(path), kind="ppo", status="candidate",
                                     parent_id=1))
         db.session.commit()
-        assert sched.prune_retired_versions(0) == []  # v1-base carries the candidate
+        assert jobs.prune_retired_versions(0) == []  # v1-base carries the candidate
         db.session.get(ModelVersion, 3).status = "retired"
         db.session.commit()
-        assert sorted(sched.prune_retired_versions(0)) == ["v1-base", path.name]
+        assert sorted(jobs.prune_retired_versions(0)) == ["v1-base", path.name]
 
 
 @pytest.mark.slow

@@ -323,7 +323,7 @@ def test_a_version_the_server_does_not_serve_falls_back_to_its_parent(backend_ap
 
 def test_a_pruned_lora_version_is_unloaded_from_the_server(tmp_path, default_model_dir):
     from webapp.core.extensions import db
-    from webapp.training.scheduler import prune_retired_versions
+    from webapp.training.jobs import prune_retired_versions
 
     app = make_app(tmp_path / "instance", **NEAR_GREEDY)
     models = Path(app.config["MODEL_STORE"])

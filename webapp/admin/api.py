@@ -24,7 +24,7 @@ from webapp.experiments.metrics import default_experiment, experiment_dict, expe
 from webapp.training.curves import run_curves
 from webapp.training.records import EXPORT_FORMATS, export_rows, feedback_event_count
 from webapp.training.runs import spawn_training
-from webapp.training.scheduler import training_in_progress
+from webapp.training.jobs import training_in_progress
 
 bp = Blueprint("admin_api", __name__, url_prefix="/api/admin")
 

@@ -289,7 +289,7 @@ def test_backup_refuses_an_existing_destination(tmp_path, a_backup):
 
 
 def test_scheduled_backups_keep_the_newest(tmp_path, micro_model_dir):
-    from webapp.training.scheduler import backup_tick
+    from webapp.training.jobs import backup_tick
 
     app = make_app(tmp_path / "instance", RLHF_BACKUP_INTERVAL_HOURS=24.0, RLHF_BACKUP_KEEP=2,
                    RLHF_BACKUP_DIR=str(tmp_path / "auto"))

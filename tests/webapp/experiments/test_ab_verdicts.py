@@ -19,7 +19,7 @@ from webapp.core.models import (Assignment, Comparison, Conversation, Experiment
 from webapp.experiments.metrics import experiment_metrics
 from webapp.experiments.promotion import PromotionPolicy
 from webapp.experiments.table import metrics_table, user_table
-from webapp.training import scheduler as sched
+from webapp.training import jobs
 
 from tests.support.paths import ROOT  # noqa: E402
 
@@ -148,7 +148,7 @@ def test_aa_experiment_on_the_real_app_is_never_promoted(two_versions, micro_mod
     digest = [hashlib.sha256((p / "model.safetensors").read_bytes()).hexdigest() for p in paths]
     assert digest[0] == digest[1] and paths[0] != paths[1]
     with app.app_context():
-        assert sched.monitor_tick()["action"] == "start"
+        assert jobs.monitor_tick()["action"] == "start"
     rng = random.Random(15)
     prompts = sample_prompts(40)
     looks = []
@@ -173,7 +173,7 @@ def test_aa_experiment_on_the_real_app_is_never_promoted(two_versions, micro_mod
                 assert user.post(f"/api/messages/{answer}/feedback", json=body).status_code == 200
         if i % 6 == 5:
             with app.app_context():
-                looks.append(sched.monitor_tick())
+                looks.append(jobs.monitor_tick())
             if looks[-1]["action"] != "wait":
                 break
     # Never promoted. Which users land in which arm depends on the experiment's time-stamped key, so
@@ -193,7 +193,7 @@ def test_aa_experiment_on_the_real_app_is_never_promoted(two_versions, micro_mod
         assert thumbs["enough_data"] and thumbs["power"]["mde"] > 0
         exp.started_at = utcnow() - timedelta(hours=73)  # past RLHF_EXPERIMENT_MAX_HOURS (72)
         db.session.commit()
-        final = sched.monitor_tick()
+        final = jobs.monitor_tick()
         assert final["action"] == "retire" and "no significant result" in final["reason"]
         assert {v.name: v.status for v in db.session.scalars(db.select(ModelVersion))} == \
             {"v1-base": "active", "v2-ppo": "retired"}

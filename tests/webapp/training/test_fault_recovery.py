@@ -268,7 +268,7 @@ def test_failure_while_saving_leaves_no_version(instance, micro_model_dir, monke
 def test_writer_killed_mid_save_leaves_only_a_temporary(tmp_path, micro_model_dir):
     """No exception handler runs on SIGKILL: only writing into a temporary directory and renaming
     it keeps a half-written version from appearing under a version's name."""
-    from webapp.training.scheduler import housekeeping_tick
+    from webapp.training.jobs import housekeeping_tick
 
     app = make_app(tmp_path / "instance")
     register_model(app, micro_model_dir)
@@ -372,7 +372,7 @@ def test_killed_training_process_never_interrupts_serving(tmp_path, micro_model_
         assert run_row(inst)[1:3] == ("running", "reward")  # nobody was left to record it
 
         with app.app_context():  # the kernel released the run lock with the process
-            from webapp.training.scheduler import training_in_progress
+            from webapp.training.jobs import training_in_progress
             assert not training_in_progress()
         time.sleep(2)
         # the next run marks the dead one failed, cleans up after it and succeeds
@@ -426,7 +426,7 @@ def test_housekeeping_leaves_a_queued_run_whose_child_has_not_started_yet(tmp_pa
 
     from webapp.core.extensions import db
     from webapp.core.models import TrainingRun, utcnow
-    from webapp.training.scheduler import housekeeping_tick
+    from webapp.training.jobs import housekeeping_tick
 
     app = make_app(tmp_path / "instance")
     register_model(app, micro_model_dir)

@@ -14,6 +14,7 @@ from tests.support.app import make_app, register_model
 from tests.support.feedback_factory import seed_feedback
 from tests.support.live_server import LiveServer
 from webapp.training import scheduler as sched
+from webapp.training import jobs
 from webapp.core.extensions import db
 from webapp.core.models import (Assignment, AuditEvent, Conversation, Experiment, Feedback, Message, ModelVersion,
                                 TrainingRun, User)
@@ -148,7 +149,7 @@ def instance(tmp_path, micro_model_dir, monkeypatch):
 
 def wait_children(timeout=180):
     deadline = time.time() + timeout
-    for proc in list(sched._CHILDREN):
+    for proc in list(jobs._CHILDREN):
         proc.wait(max(1, deadline - time.time()))
 
 
@@ -156,23 +157,23 @@ def test_retrain_only_past_the_threshold_and_never_twice(instance, micro_model_d
     app = make_app(instance, RLHF_RETRAIN_MIN_FEEDBACK=40)
     seed_feedback(app, 8, seed=1)  # 16+ events
     with app.app_context():
-        first = sched.retrain_tick()
+        first = jobs.retrain_tick()
         assert first["action"] == "skip" and first["reason"] == f"{first['new_events']} of 40 new feedback events since the last run"
         assert 16 <= first["new_events"] < 40
     seed_feedback(app, 20, seed=2)
     with app.app_context():
-        started = sched.retrain_tick()
+        started = jobs.retrain_tick()
         assert started["action"] == "train" and started["new_events"] >= 40
         # the run row exists at once, before the child has started (queued), and names the child
         queued = db.session.get(TrainingRun, started["run_id"])
         assert queued.trigger == "schedule" and queued.pid == started["pid"]
-        again = sched.retrain_tick()  # the child is still running: no second run
+        again = jobs.retrain_tick()  # the child is still running: no second run
         assert again["action"] == "skip" and "in progress" in again["reason"]
     wait_children()
     with app.app_context():
         runs = db.session.scalars(db.select(TrainingRun)).all()
         assert [(r.id, r.trigger, r.status) for r in runs] == [(started["run_id"], "schedule", "succeeded")]
-        after = sched.retrain_tick()  # nothing new since the run
+        after = jobs.retrain_tick()  # nothing new since the run
         assert after["action"] == "skip" and after["reason"].startswith("0 of 40 new feedback events")
 
 
@@ -206,13 +207,13 @@ def test_tick_skips_while_another_process_trains(instance, caplog):
     caplog.set_level(logging.INFO, logger="webapp.training.scheduler")
     with lock_held_by(instance / "training.lock", "training run", "training", brief=False) as pid:
         with app.app_context():
-            assert sched.training_in_progress()
-            assert sched.retrain_tick() == {
+            assert jobs.training_in_progress()
+            assert jobs.retrain_tick() == {
                 "action": "skip", "reason": "a training run (#12) is in progress",
                 "held_by": {"job": "training run", "doing": "training", "run_id": 12, "pid": pid,
-                            "since": sched.training_lock_holder()["since"]}}
-            assert sched.watchdog_tick() == {"action": "idle", "stopped": []}
-            assert sched.housekeeping_tick()["recovered_runs"] == []
+                            "since": jobs.training_lock_holder()["since"]}}
+            assert jobs.watchdog_tick() == {"action": "idle", "stopped": []}
+            assert jobs.housekeeping_tick()["recovered_runs"] == []
     assert "waiting for" not in caplog.text  # a training run is never waited for
 
 
@@ -227,7 +228,7 @@ def test_a_lock_without_a_record_is_not_called_a_training_run(instance, monkeypa
     with open(instance / "training.lock", "a+") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # a holder that writes no record
         with app.app_context():
-            result = sched.retrain_tick()
+            result = jobs.retrain_tick()
     assert result["action"] == "skip"
     assert result["reason"] == "another process holds the training lock without saying what it is doing"
 
@@ -250,7 +251,7 @@ def test_retrain_waits_out_housekeepings_moment_with_the_lock(instance, monkeypa
     app = make_app(instance, RLHF_RETRAIN_MIN_FEEDBACK=1)
     seed_feedback(app, 5)
     in_cleanup, retrain_waits = threading.Event(), threading.Event()
-    real_recover = sched.recover_stale_runs
+    real_recover = jobs.recover_stale_runs
 
     def recover_when_the_retrain_waits(*args, **kwargs):  # housekeeping, holding the training lock
         in_cleanup.set()
@@ -263,9 +264,9 @@ def test_retrain_waits_out_housekeepings_moment_with_the_lock(instance, monkeypa
                 retrain_waits.set()
 
     spawned = []
-    monkeypatch.setattr(sched, "recover_stale_runs", recover_when_the_retrain_waits)
-    monkeypatch.setattr(sched, "spawn_training", lambda **kw: spawned.append(kw) or (7, _Child()))
-    monkeypatch.setattr(sched, "_CHILDREN", [])
+    monkeypatch.setattr(jobs, "recover_stale_runs", recover_when_the_retrain_waits)
+    monkeypatch.setattr(jobs, "spawn_training", lambda **kw: spawned.append(kw) or (7, _Child()))
+    monkeypatch.setattr(jobs, "_CHILDREN", [])
     monkeypatch.setattr(sched, "_APP", None)
     caplog.set_level(logging.INFO, logger="webapp.training.scheduler")
     watcher = RetrainWaits()
@@ -274,7 +275,7 @@ def test_retrain_waits_out_housekeepings_moment_with_the_lock(instance, monkeypa
 
     def housekeeping_job():
         with app.app_context():
-            housekeeping.append(sched.housekeeping_tick())
+            housekeeping.append(jobs.housekeeping_tick())
 
     sched.build_scheduler(app)  # sets the app the jobs run against
     thread = threading.Thread(target=housekeeping_job)
@@ -307,7 +308,7 @@ def test_a_housekeeping_hold_past_the_wait_is_named_as_such(instance, monkeypatc
     sched.build_scheduler(app)
     with lock_held_by(instance / "training.lock", "housekeeping", "cleaning up stale runs", brief=True) as pid:
         with app.app_context():
-            assert not sched.training_in_progress()  # housekeeping is no training run
+            assert not jobs.training_in_progress()  # housekeeping is no training run
         sched.run_job("retrain")
     with app.app_context():
         last = sched.scheduler_status()["last_retrain"]
@@ -356,7 +357,7 @@ def test_housekeeping_recovers_dead_runs_and_prunes_old_versions(instance, micro
         active = db.session.get(ModelVersion, 1)
         active.parent_id = 2  # the roll-back target is protected
         db.session.commit()
-        result = sched.housekeeping_tick()
+        result = jobs.housekeeping_tick()
         assert result["recovered_runs"] == [1] and result["removed_tmp"] == 1
         assert result["pruned"] == ["v4-ppo", "v3-ppo"]  # v5 kept (newest), v2 protected
         assert db.session.get(TrainingRun, 1).status == "failed"
@@ -389,23 +390,23 @@ def test_monitor_starts_an_experiment_and_promotes_by_policy(instance, micro_mod
     app = make_app(instance, RLHF_AB_MIN_SAMPLE=30)
     register_model(app, micro_model_dir, name="v2-ppo", status="candidate")
     with app.app_context():
-        started = sched.monitor_tick()
+        started = jobs.monitor_tick()
         assert started["action"] == "start"
         exp = db.session.scalars(db.select(Experiment)).one()
         assert (exp.status, exp.control_version.name, exp.variant_version.name) == ("running", "v1-base", "v2-ppo")
-        assert sched.monitor_tick()["action"] == "wait"  # no data yet
+        assert jobs.monitor_tick()["action"] == "wait"  # no data yet
         exp_id = exp.id
     _answers(app, exp_id, "control", 1, ups=10, n=60)
     _answers(app, exp_id, "variant", 2, ups=55, n=60)
     with app.app_context():
-        decided = sched.monitor_tick()
+        decided = jobs.monitor_tick()
         assert decided["action"] == "promote" and decided["numbers"]["p_value"] < 0.05
         assert decided["numbers"]["n_control"] == decided["numbers"]["n_variant"] == 60  # users, one answer each
         assert {v.name: v.status for v in db.session.scalars(db.select(ModelVersion))} == \
             {"v1-base": "retired", "v2-ppo": "active"}
         event = db.session.scalars(db.select(AuditEvent).filter_by(action="experiment_conclude")).one()
         assert event.actor == "scheduler" and event.detail["numbers"]["policy"]["action"] == "promote"
-        assert sched.monitor_tick() == {"action": "idle"}  # the candidate was tried; nothing new
+        assert jobs.monitor_tick() == {"action": "idle"}  # the candidate was tried; nothing new
 
 
 def test_jobs_persist_across_restarts(instance):

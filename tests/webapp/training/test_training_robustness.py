@@ -219,7 +219,7 @@ def enough_feedback(app) -> None:
 
 
 def test_watchdog_stops_a_run_without_heartbeats_and_the_next_run_succeeds(tmp_path, micro_model_dir, monkeypatch):
-    from webapp.training.scheduler import training_in_progress
+    from webapp.training.jobs import training_in_progress
     from webapp.training.runs import spawn_training
 
     instance = tmp_path / "instance"
