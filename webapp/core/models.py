@@ -309,7 +309,7 @@ class RaterAssessment(db.Model):
     agreement: Mapped[Optional[float]] = mapped_column(Float)
     checked: Mapped[int] = mapped_column(Integer, default=0)
     weight: Mapped[float] = mapped_column(Float, default=1.0)
-    status: Mapped[str] = mapped_column(String(16), default="normal", index=True)  # rlhf.trust.vocabulary.RATER_STATUSES
+    status: Mapped[str] = mapped_column(String(16), default="normal", index=True)  # one of rlhf.trust.RATER_STATUSES
     reasons: Mapped[list] = mapped_column(JSON, default=list)
     assessed_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
