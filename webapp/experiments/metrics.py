@@ -14,6 +14,7 @@ anyone's, and their rows stay in the database.
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from datetime import datetime, timedelta
@@ -31,6 +32,8 @@ from webapp.experiments import sample_stats
 from webapp.experiments.promotion import PromotionPolicy, policy_from_config
 from webapp.experiments.table import ARMS, metrics_table, user_table
 
+log = logging.getLogger(__name__)
+
 
 def _reward_model_path(exp: Experiment) -> str | None:
     """The reward model of the variant's training run (the one that shaped it), if any, as its
@@ -42,10 +45,12 @@ def _reward_model_path(exp: Experiment) -> str | None:
     return None
 
 
-def _reward_scores(answers: list[Message], rm_path: str | None) -> dict[int, float]:
-    """Scores of ``answers`` by the reward model, computed once and cached in answer_scores."""
+def _reward_scores(answers: list[Message], rm_path: str | None) -> tuple[dict[int, float], str | None]:
+    """Scores of ``answers`` by the reward model, computed once and cached in answer_scores, and
+    why some are missing: a reward model that cannot be loaded leaves its answers unscored (the
+    mean-reward metric then lacks them) instead of failing the pages that show the metrics."""
     if not rm_path or not answers:
-        return {}
+        return {}, None
     ids = [a.id for a in answers]
     cached = {s.message_id: s.score for s in db.session.scalars(
         db.select(AnswerScore).where(AnswerScore.reward_model == rm_path, AnswerScore.message_id.in_(ids)))}
@@ -53,7 +58,11 @@ def _reward_scores(answers: list[Message], rm_path: str | None) -> dict[int, flo
     if missing:
         from rlhf.reward.scoring import load_reward_model, score_texts
 
-        model, tok = _cached_reward_model(str(resolve(rm_path)), load_reward_model)
+        try:
+            model, tok = _cached_reward_model(str(resolve(rm_path)), load_reward_model)
+        except Exception as exc:  # whatever from_pretrained raises for a damaged directory
+            log.warning("reward model %s cannot be loaded: %s", rm_path, exc)
+            return cached, f"the reward model cannot be loaded ({type(exc).__name__}); {len(missing)} answers unscored"
         texts = [tok.apply_chat_template(history(db.session.get(Message, a.parent_id)), tokenize=False,
                                          add_generation_prompt=True) + " " + a.content + tok.eos_token
                  for a in missing]
@@ -61,7 +70,7 @@ def _reward_scores(answers: list[Message], rm_path: str | None) -> dict[int, flo
             cached[a.id] = score
             db.session.add(AnswerScore(message_id=a.id, reward_model=rm_path, score=score))
         db.session.commit()
-    return cached
+    return cached, None
 
 
 def _criteria_scores(answers: list[Message], rm_path: str | None) -> dict[str, dict[int, float]]:
@@ -84,7 +93,11 @@ def _criteria_scores(answers: list[Message], rm_path: str | None) -> dict[str, d
         from rlhf.reward.criteria_heads import CriteriaScorer
 
         location = str(resolve(rm_path))
-        scorer = _cached_reward_model(f"{location}#criteria", lambda _: CriteriaScorer.load(location))
+        try:
+            scorer = _cached_reward_model(f"{location}#criteria", lambda _: CriteriaScorer.load(location))
+        except Exception as exc:  # as for the reward score: the pages stay up, the heads' rows stay empty
+            log.warning("criterion heads of %s cannot be loaded: %s", rm_path, exc)
+            return out
         scores = scorer.score_answers([history(db.session.get(Message, a.parent_id)) for a in missing],
                                       [a.content for a in missing])
         for name in names:
@@ -223,7 +236,7 @@ def experiment_metrics(exp: Experiment, policy: PromotionPolicy | None = None) -
         if answers else frozenset()
     pairs = list(db.session.scalars(db.select(Comparison).where(Comparison.message_a_id.in_(ids)))) if answers else []
     paired = {p.message_a_id for p in pairs} | {p.message_b_id for p in pairs}
-    scores = _reward_scores(answers, _reward_model_path(exp))
+    scores, reward_model_problem = _reward_scores(answers, _reward_model_path(exp))
     criteria = _criteria_scores(answers, _reward_model_path(exp))
     users = user_table(_user_rows(exp, answers, user_of, feedback, pairs, paired, _regenerated(answers, paired),
                                   scores, excluded, flagged, criteria.get("safety")))
@@ -243,6 +256,7 @@ def experiment_metrics(exp: Experiment, policy: PromotionPolicy | None = None) -
         "daily": _daily(by_arm, feedback),
         "timeline": _timeline(exp, by_arm, feedback),
         "reward_model": display_path(_reward_model_path(exp)),
+        "reward_model_problem": reward_model_problem,
         # the same reward model's criterion heads (rlhf.reward.criteria_heads), when it has them
         "criteria": _criteria_means(by_arm, criteria),
         "excluded_users": len(left_out),

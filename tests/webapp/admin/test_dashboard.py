@@ -420,3 +420,29 @@ def test_run_page_shows_what_judged_the_candidate_and_labels_the_optimized_again
     assert out["heldout"]["pairs"] == 14 and out["judge"]["gain"] == 0.55 and out["verdict"] == "passed"
     assert out["evidence_p"] == 0.0008
     assert out["optimized_against"] == {"reward_gain": 0.912, "decides": False}
+
+
+def test_a_reward_model_that_cannot_be_loaded_leaves_the_pages_up(setup):
+    """An experiment whose variant's reward model directory is damaged (a config.json only):
+    the overview, the experiment page and the metrics API answer, and say why scores are missing."""
+    app, inst = setup
+    admin = Admin(app)
+    reward = inst / "runs" / "run-1" / "reward_model"
+    reward.mkdir(parents=True)
+    (reward / "config.json").write_text("{}")
+    with app.app_context():
+        db.session.get(ModelVersion, 2).metrics = {"reward_model_path": "runs/run-1/reward_model"}
+        db.session.commit()
+    assert admin.post("/api/admin/experiments", {"key": "e1", "control_version_id": 1,
+                                                 "variant_version_id": 2}).status_code == 201
+    with app.app_context():  # an answer nobody scored yet: showing the metrics would load the reward model
+        answer_at(anon_user("u1"), utcnow(), experiment_id=1, arm="variant", version_id=2)
+        db.session.commit()
+    for url in ("/admin/", "/admin/experiments/e1"):
+        assert admin.get(url).status_code == 200, url
+    assert "cannot be loaded" in admin.get("/admin/experiments/e1").get_data(as_text=True)
+    metrics = admin.get("/api/admin/metrics?experiment=e1")
+    assert metrics.status_code == 200
+    assert metrics.get_json()["reward_model_problem"].startswith("the reward model cannot be loaded")
+    with app.app_context():
+        assert db.session.scalars(db.select(AnswerScore)).all() == []  # nothing stored for it
