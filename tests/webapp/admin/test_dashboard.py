@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from tests.support.admin import PASSWORD, Admin
 from tests.support.app import make_app, register_model
@@ -28,6 +29,14 @@ def answer_at(user_id: int, when: datetime, thumb: str | None = "up", rating: in
         db.session.add(Feedback(user_id=user_id, message_id=a.id, thumb=thumb, rating=rating, correction=correction,
                                 created_at=when, updated_at=when))
     return q, a
+
+
+def damaged_reward_model(inst) -> Path:
+    """A reward model directory of run 1 holding an empty config.json only (nothing can load it)."""
+    reward = inst / "runs" / "run-1" / "reward_model"
+    reward.mkdir(parents=True)
+    (reward / "config.json").write_text("{}")
+    return reward
 
 
 def anon_user(name: str) -> int:
@@ -156,9 +165,7 @@ def test_admin_pages_show_readable_times_with_the_exact_time_on_hover(setup):
 def test_paths_are_relative_to_the_instance_folder(setup):
     app, inst = setup
     admin = Admin(app)
-    reward = inst / "runs" / "run-1" / "reward_model"
-    reward.mkdir(parents=True)
-    (reward / "config.json").write_text("{}")
+    reward = damaged_reward_model(inst)
     with app.app_context():
         run = TrainingRun(status="succeeded", algorithm="ppo", log=f"saved the reward model to {reward}\n",
                           metrics={"reward_model_path": str(reward), "decision": "candidate",
@@ -427,9 +434,7 @@ def test_a_reward_model_that_cannot_be_loaded_leaves_the_pages_up(setup):
     the overview, the experiment page and the metrics API answer, and say why scores are missing."""
     app, inst = setup
     admin = Admin(app)
-    reward = inst / "runs" / "run-1" / "reward_model"
-    reward.mkdir(parents=True)
-    (reward / "config.json").write_text("{}")
+    reward = damaged_reward_model(inst)
     with app.app_context():
         db.session.get(ModelVersion, 2).metrics = {"reward_model_path": "runs/run-1/reward_model"}
         db.session.commit()
