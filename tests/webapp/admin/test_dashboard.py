@@ -434,7 +434,7 @@ def test_a_reward_model_that_cannot_be_loaded_leaves_the_pages_up(setup):
     the overview, the experiment page and the metrics API answer, and say why scores are missing."""
     app, inst = setup
     admin = Admin(app)
-    reward = damaged_reward_model(inst)
+    damaged_reward_model(inst)
     with app.app_context():
         db.session.get(ModelVersion, 2).metrics = {"reward_model_path": "runs/run-1/reward_model"}
         db.session.commit()
