@@ -14,7 +14,7 @@ from rlhf.trust import vocabulary
 from webapp.admin import raters as admin_raters
 from webapp.chat import pages
 from webapp.core import models, raters, validation
-from webapp.training import openwebui
+from webapp.training import openwebui_export
 
 
 def test_trust_vocabulary_is_defined_once():
@@ -34,7 +34,7 @@ def test_reason_chips_are_defined_once():
     named = set(criteria.COST_REASONS) | {chip for sides in criteria.CHIP_CRITERIA.values() for side in sides
                                           for chip in side}
     assert named <= set(criteria.REASONS)  # a criterion learns only from chips users can tick
-    assert set(openwebui.REASON_CHIPS.values()) <= set(criteria.REASONS)
+    assert set(openwebui_export.REASON_CHIPS.values()) <= set(criteria.REASONS)
 
 
 def test_vocabularies_import_without_numpy_or_torch():
