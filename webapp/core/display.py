@@ -7,25 +7,24 @@ from typing import Any
 
 from flask import current_app
 
+from webapp.core.instance_paths import relative_inside, resolve
+
 
 def display_path(path: str | None) -> str | None:
     """``path`` as the dashboard shows it: relative to the instance folder (or to the model
-    store when that lies elsewhere); other paths unchanged."""
+    store when that lies elsewhere); other paths unchanged. An absolute row of an instance that
+    was moved shows where its files are now (webapp.core.instance_paths.resolve)."""
     if not path:
         return path
     p = Path(path)
     if not p.is_absolute():
         return path
+    p = resolve(p)
     cfg = current_app.config
     for root in (cfg.get("INSTANCE_DIR"), cfg.get("MODEL_STORE")):
-        if not root:
-            continue
-        for base in {Path(root), Path(root).resolve()}:
-            try:
-                rel = p.relative_to(base)
-            except ValueError:
-                continue
-            return rel.as_posix() or "."
+        rel = relative_inside(p, Path(root)) if root else None
+        if rel is not None:
+            return rel
     return path
 
 

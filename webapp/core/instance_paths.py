@@ -26,9 +26,9 @@ def instance_folder() -> Path:
     return Path(current_app.config["INSTANCE_DIR"])
 
 
-def _inside(path: Path, instance: Path) -> str | None:
-    """``path`` relative to ``instance`` (either spelling of it) in POSIX form, or None."""
-    for base in dict.fromkeys((instance, instance.resolve())):
+def relative_inside(path: Path, folder: Path) -> str | None:
+    """``path`` relative to ``folder`` (as given or resolved) in POSIX form, or None when outside it."""
+    for base in dict.fromkeys((folder, folder.resolve())):
         try:
             return path.relative_to(base).as_posix()
         except ValueError:
@@ -45,7 +45,7 @@ def to_stored(path: str | os.PathLike[str]) -> str:
     instance = instance_folder()
     normal = Path(os.path.normpath(raw))
     for candidate in (normal, Path(os.path.realpath(normal))):
-        rel = _inside(candidate, instance)
+        rel = relative_inside(candidate, instance)
         if rel is not None:
             return rel
     return os.fspath(path)
@@ -54,7 +54,7 @@ def to_stored(path: str | os.PathLike[str]) -> str:
 def _subfolders(instance: Path) -> set[str]:
     names = set(SUBFOLDERS)
     store = current_app.config.get("MODEL_STORE")
-    rel = _inside(Path(os.path.normpath(store)), instance) if store else None
+    rel = relative_inside(Path(os.path.normpath(store)), instance) if store else None
     if rel and rel != ".":
         names.add(rel.split("/")[0])
     return names

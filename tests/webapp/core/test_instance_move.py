@@ -12,6 +12,7 @@ import pytest
 from rlhf.models import registry
 from tests.support.app import ApiClient, flask_cli, make_app, register_model
 from tests.support.feedback_factory import seed_feedback
+from webapp.core.display import display_path
 from webapp.core.extensions import db
 from webapp.core.instance_paths import resolve, to_stored
 from webapp.core.models import Message, ModelVersion, TrainingRun
@@ -134,6 +135,7 @@ def test_rows_with_absolute_paths_as_written_before_still_read(tmp_path, micro_m
         assert version.path == str(a / "models" / "v1-base")  # the row still names the old folder ...
         assert version.location == str(b / "models" / "v1-base")  # ... and reads in the new one
         assert resolve(version.metrics["reward_model_path"]) == b / "runs" / "run-1" / "reward_model"
+        assert display_path(version.path) == "models/v1-base"  # the dashboard shows where it is now
     assert answer_version(app) == version_id
     close(app)
 
