@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.history import history
 from tests.support.paths import ROOT  # noqa: E402
 DOCS = sorted((ROOT / "docs").rglob("*.md"))
 MARKDOWN = [ROOT / "README.md", *DOCS]
@@ -142,21 +143,6 @@ def test_path_check_finds_a_made_up_path():
 
 
 # ---------------------------------------------------------------------------- no history
-
-HISTORY = [
-    re.compile(r"\bissues?\s+#?\d+", re.I),                   # "issue 15", "issues 15 and 16"
-    re.compile(r"(?<!--)\brounds?\s+\d+\b", re.I),             # "round 3" (not an option: --rounds 40)
-    re.compile(r"(?:\b|_)sessions?[\s_]*\d+\b", re.I),         # "session 5", "ab_validity_session5"
-    re.compile(r"\bthis (?:round|issue|task)\b", re.I),       # "the changes of this round"
-    # a commit: 7-40 hex digits with a letter and a digit, not part of a longer word, number,
-    # path, hex colour (#a1b2c3d) or hash (64 hex digits)
-    re.compile(r"(?<![#\w/.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])"),
-]
-
-
-def history(text: str) -> list[str]:
-    return [m.group(0) for pattern in HISTORY for m in pattern.finditer(text)]
-
 
 @pytest.mark.parametrize("path", MARKDOWN + RESULTS, ids=rel)
 def test_docs_describe_what_is(path):

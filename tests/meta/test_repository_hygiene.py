@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from tests.support.history import commits, work_items
 from tests.support.paths import ROOT  # noqa: E402
 
 # What an instance folder holds at runtime (webapp.core.settings, rlhf.models.registry, the scheduler).
@@ -76,10 +77,9 @@ def test_instance_folders_are_ignored():
 # in a comment means nothing to a reader of the tree and goes stale when the code moves.
 HISTORY_SUFFIXES = (".py", ".js", ".html", ".md")
 HISTORY_EXEMPT = ("CHANGELOG.md",  # history by design
-                  "tests/meta/test_docs.py")  # its self-tests plant the phrases its own check must catch
+                  "tests/meta/test_docs.py",  # its self-tests plant the phrases its own check must catch
+                  "tests/support/history.py")  # the patterns, with examples of what they catch
 THIRD_PARTY = ("static/vendor/",)  # vendored as published, not ours to edit
-WORK_ITEM = re.compile(r"(?<![\w-])(?:issues?|rounds?|sessions?) #?\d+\b|\bthis round\b", re.I)
-COMMIT_LIKE = re.compile(r"(?<![\w-])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![\w-])")
 JS_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 HTML_COMMENT = re.compile(r"<!--.*?-->|\{#.*?#\}", re.S)
 
@@ -108,8 +108,8 @@ def comments(path: str, text: str) -> list[str]:
 def history_references(path: str, text: str) -> list[str]:
     """``path: phrase`` for each work-item phrase anywhere in the file and each commit-like token in
     one of its comments."""
-    found = [m.group(0) for m in WORK_ITEM.finditer(text)]
-    found += [m.group(0) for c in comments(path, text) for m in COMMIT_LIKE.finditer(c)]
+    found = work_items(text)
+    found += [sha for c in comments(path, text) for sha in commits(c)]
     return [f"{path}: {phrase}" for phrase in found]
 
 
