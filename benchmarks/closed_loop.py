@@ -20,6 +20,7 @@ than the control (p < 0.05), or after 2 cycles.
     .venv/bin/python benchmarks/closed_loop.py --safety   # a preference in conflict with safety, constrained or not
     .venv/bin/python benchmarks/closed_loop.py --zoo      # the eight preferences of rlhf.sim.preferences.ZOO
     .venv/bin/python benchmarks/closed_loop.py --via openai   # every simulated user a client of /v1 instead
+    .venv/bin/python benchmarks/closed_loop.py --questions 16 --zoo   # the deployment shape (benchmarks/deployment_shape.py)
 
 ``--via openai``: the simulated users (raters, probes, evaluation users) use only the OpenAI-compatible
 API, with a key made in the run's instance by ``flask --app webapp create-api-key``: chat completions
@@ -390,6 +391,8 @@ def main() -> None:
     ap.add_argument("--via", choices=("chat", "openai"), default="chat",
                     help="the simulated users' way in: the chat page's API (default) or only the OpenAI-compatible "
                          "/v1 API (chat completions with `user`, /v1/feedback), with a key made in the run's instance")
+    ap.add_argument("--questions", type=int, help="the deployment shape: the rating users ask only this many fixed "
+                    "questions, the scheduler retrains at its default cadence (benchmarks/deployment_shape.py)")
     ap.add_argument("--markdown", type=Path, help="also write the table to this file")
     ap.add_argument("--json", type=Path, help="also write the raw results to this file")
     args = ap.parse_args()
@@ -400,13 +403,17 @@ def main() -> None:
     runs = [(label, "direct", SAFETY_BEHAVIOUR, env) for label, env in SAFETY_RUNS] if args.safety else \
         [(pref, pref, None, None) for pref in args.preference]
     load0 = os.getloadavg()
+    if args.questions:
+        from benchmarks.deployment_shape import markdown as deployment_markdown, run_deployment
     for label, pref, behaviour, env in runs:
-        res = run_preference(pref, model_dir, behaviour, env, label, via=args.via)
+        res = run_deployment(pref, model_dir, args.questions, args.via, env, label) if args.questions else \
+            run_preference(pref, model_dir, behaviour, env, label, via=args.via)
         results.append(res)
         print(json.dumps(res, default=str), flush=True)
         if args.json:  # after each preference: a long run stopped early keeps what it measured
             args.json.write_text(json.dumps(results, indent=2, default=str))
-    table = zoo_markdown(results) if args.zoo else markdown(results)
+    table = deployment_markdown(results) if args.questions else zoo_markdown(results) if args.zoo else \
+        markdown(results)
     load = {"start": [round(x, 2) for x in load0], "end": [round(x, 2) for x in os.getloadavg()]}
     table += f"\n\nLoad average: {load['start']} at the start, {load['end']} at the end."
     print(table)

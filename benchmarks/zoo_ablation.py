@@ -14,8 +14,12 @@ included). Then, on 200 held-out questions no rating user asked:
 
 A reward model with a high AUC and a policy that does not move locates the loss in the policy stage.
 
+``--questions N``: the deployment shape instead (rlhf.sim.questions.deployment_questions): the
+rating users ask only N fixed questions, and the parent and the candidate are judged on 12 answers
+to each of the same N questions (what that deployment's users will ask next).
+
     .venv/bin/python benchmarks/zoo_ablation.py [--preference brief on_topic] [--variant ppo online_dpo]
-        [--events 200] [--json FILE]
+        [--events 200] [--questions 16] [--json FILE]
 """
 from __future__ import annotations
 
@@ -43,10 +47,11 @@ from rlhf.cycle import run_cycle  # noqa: E402
 from rlhf.data.records import ConversationRecord  # noqa: E402
 from rlhf.models.chat_format import end_of_turn_token  # noqa: E402
 from rlhf.models.loading import load_causal_lm  # noqa: E402
-from rlhf.models.sampling import sample_answers  # noqa: E402
+from rlhf.models import sampling  # noqa: E402
 from rlhf.reward.scoring import load_reward_model, score_texts  # noqa: E402
 from rlhf.settings import CycleSettings, EvalSettings  # noqa: E402
 from rlhf.sim.preferences import ZOO, preference  # noqa: E402
+from rlhf.sim.questions import deployment_questions  # noqa: E402
 from rlhf.sim.users import Behaviour, prompt_set, simulate_records  # noqa: E402
 from tests.support.models import cached_model  # noqa: E402
 from webapp.experiments.sample_stats import compare_proportions, wilson  # noqa: E402
@@ -95,7 +100,7 @@ def sample_answers(model_dir: Path, questions: list[str], per_question: int, see
     texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
              for q in questions for _ in range(per_question)]
     torch.manual_seed(seed)
-    answers = sample_answers(model, tok, texts, EvalSettings())[0]
+    answers = sampling.sample_answers(model, tok, texts, EvalSettings())[0]
     return {q: answers[i * per_question:(i + 1) * per_question] for i, q in enumerate(questions)}
 
 
@@ -148,7 +153,7 @@ def share(values: list[bool]) -> dict[str, Any]:
 
 
 def run(pref: str, variant: str, model_dir: Path, pool: dict[str, list[str]], held_out: list[str],
-        parent1: dict[str, str], parent4: dict[str, list[str]], events: int, seed: int) -> dict[str, Any]:
+        parent1: dict[str, list[str]], parent4: dict[str, list[str]], events: int, seed: int) -> dict[str, Any]:
     judge = preference(pref)
     records = feedback(pref, pool, events, seed)
     settings = _set(CycleSettings(), **VARIANTS[variant])
@@ -157,12 +162,12 @@ def run(pref: str, variant: str, model_dir: Path, pool: dict[str, list[str]], he
     try:
         result = run_cycle(records, model_dir, work / "reward", work / "policy", settings)
         took = time.perf_counter() - t0
-        cand = sample_answers(work / "policy", held_out, 1, seed=4321)
+        cand = sample_answers(work / "policy", held_out, len(next(iter(parent1.values()))), seed=4321)
         diag = reward_diagnostics(work / "reward", judge, parent4)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    par = [judge(q, parent1[q]) >= 0.5 for q in held_out]
-    can = [judge(q, cand[q][0]) >= 0.5 for q in held_out]
+    par = [judge(q, a) >= 0.5 for q in held_out for a in parent1[q]]
+    can = [judge(q, a) >= 0.5 for q in held_out for a in cand[q]]
     cmp_ = compare_proportions((sum(par), len(par)), (sum(can), len(can)))
     ev = result.evaluation
     return {"preference": pref, "variant": variant, "events": sum(map(events_of, records)),
@@ -172,7 +177,8 @@ def run(pref: str, variant: str, model_dir: Path, pool: dict[str, list[str]], he
             "gate": ev.get("verdict"), "gate_passed": ev.get("passed"), "gate_reasons": ev.get("reasons"),
             "kl": ev.get("kl_from_parent"),
             "policy": {k: v for k, v in result.policy.items() if k not in ("constraint",)},
-            "cycle_s": round(took, 1), "examples": [cand[q][0] for q in held_out[:3]]}
+            "cycle_s": round(took, 1), "examples": [cand[q][0] for q in held_out[:3]],
+            "gate_evidence": {k: ev.get(k) for k in ("heldout", "judge", "evidence_p")}}
 
 
 def main() -> None:
@@ -181,6 +187,7 @@ def main() -> None:
     ap.add_argument("--variant", nargs="+", default=["ppo"])
     ap.add_argument("--events", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--questions", type=int, help="the deployment shape: users ask only this many fixed questions")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     unknown = [v for v in args.variant if v not in VARIANTS]
@@ -190,10 +197,15 @@ def main() -> None:
     load0 = os.getloadavg()
     t0 = time.perf_counter()
     model_dir = cached_model("default")
-    train_q, held_out = prompt_set(120, seed=3), prompt_set(200, seed=99)
-    pool = sample_answers(model_dir, train_q, 8, seed=1)
+    if args.questions:  # few questions, asked again and again; judged on the same ones
+        train_q = held_out = deployment_questions(args.questions)
+        per_question, judged_each = 24, 12
+    else:
+        train_q, held_out = prompt_set(120, seed=3), prompt_set(200, seed=99)
+        per_question, judged_each = 8, 1
+    pool = sample_answers(model_dir, train_q, per_question, seed=1)
     parent4 = sample_answers(model_dir, held_out, 4, seed=2)
-    parent1 = {q: a[0] for q, a in sample_answers(model_dir, held_out, 1, seed=4321).items()}
+    parent1 = sample_answers(model_dir, held_out, judged_each, seed=4321)
     rows = []
     for pref in args.preference:
         for variant in args.variant:
@@ -202,7 +214,7 @@ def main() -> None:
             print(json.dumps({k: row[k] for k in ("preference", "variant", "events", "rm_heldout_accuracy", "rm",
                                                   "parent", "candidate", "p_value", "win", "gate", "kl", "cycle_s")}),
                   flush=True)
-    out = {"rows": rows, "events": args.events, "seed": args.seed, "wall_s": round(time.perf_counter() - t0, 1),
+    out = {"rows": rows, "events": args.events, "seed": args.seed, "questions": args.questions, "wall_s": round(time.perf_counter() - t0, 1),
            "load_average": {"start": [round(x, 2) for x in load0], "end": [round(x, 2) for x in os.getloadavg()]}}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, default=str))

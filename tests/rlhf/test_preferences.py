@@ -102,3 +102,16 @@ def test_two_criteria_mix_needs_both():
     assert preference("polite_brief")(QUESTION, TIP) == 0.4  # brief, not polite
     assert preference("polite_brief")(QUESTION, long_polite) == 0.4  # polite, not brief
     assert preference("polite_brief")(QUESTION, f"Ugh, fine. {TIP}") == 0.4  # rude is not polite
+
+
+def test_deployment_questions_are_few_fixed_and_a_quarter_outside_the_corpus():
+    from rlhf.sim.questions import deployment_questions
+
+    for n in (8, 16, 32):
+        questions = deployment_questions(n)
+        assert len(set(questions)) == n and questions == deployment_questions(n)
+        outside = [q for q in questions if corpus.topic_of(q) is None]
+        assert len(outside) == -(-n // 4), outside
+        assert corpus.topic_of(questions[0]) is not None and corpus.topic_of(questions[3]) is None
+    with pytest.raises(ValueError, match="between 1 and"):
+        deployment_questions(0)

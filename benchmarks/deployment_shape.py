@@ -1,0 +1,231 @@
+"""The deployment shape of the closed loop (``closed_loop.py --questions N``): a few distinct questions.
+
+A team's help bot hears the same handful of questions all day. Here the rating users ask only the
+``N`` questions of ``rlhf.sim.questions.deployment_questions`` (a quarter of them outside every
+corpus topic), and the server runs as deployed: the scheduler retrains each time
+``RLHF_RETRAIN_MIN_FEEDBACK`` new feedback events arrived (the default, 50), the gate decides, the
+monitor runs the experiment and promotes. Feedback stops at ``MAX_EVENTS``; the benchmark records,
+for every cycle, which stage kept or lost the signal:
+
+- **reward model**: its held-out accuracy (the run's own split) and its AUC against the ground
+  truth on answers the parent sampled for the N questions;
+- **policy**: the satisfied share of 8 answers per question, parent -> candidate (sampled from the
+  stored versions, the gate's rejected ones included), and the words per answer;
+- **gate**: its verdict and evidence (held-out pairs won, judge gain, combined p);
+- **experiment**: evaluation users (chat only) ask the same N questions; ground truth per arm,
+  two-proportion test; the monitor's decision.
+
+A preference *wins* in the first cycle whose experiment the monitor promoted and whose ground
+truth says the variant is significantly better (p < 0.05); a promotion that ground truth calls
+worse is counted as such.
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import closed_loop as loop
+from rlhf.models import sampling
+from rlhf.models.loading import load_causal_lm
+from rlhf.reward.scoring import load_reward_model, score_texts
+from rlhf.models.chat_format import end_of_turn_token
+from rlhf.settings import EvalSettings
+from rlhf.sim.preferences import preference as preference_fn
+from rlhf.sim.questions import deployment_questions
+from tests.support.app import make_app, register_model
+from tests.support.live_server import LiveServer
+from webapp.core.extensions import db
+from webapp.core.models import ModelVersion, TrainingRun
+from webapp.experiments import sample_stats
+
+MAX_EVENTS = 200  # the feedback budget of a small deployment's first days
+EVAL_PER_ARM = 160  # chat-only answers judged per arm (the monitor waits for as many)
+SAMPLES_PER_QUESTION = 8  # policy diagnosis: answers sampled per question from parent and candidate
+
+
+def server_env() -> dict[str, str]:
+    """The closed loop's server settings with the deployed retrain cadence (no override of
+    ``RLHF_RETRAIN_MIN_FEEDBACK``) and the default algorithm."""
+    env = {**loop.server_env(), "RLHF_AB_MIN_SAMPLE": str(EVAL_PER_ARM)}
+    for key in ("RLHF_RETRAIN_MIN_FEEDBACK", "RLHF_RETRAIN_ALGORITHM"):
+        env.pop(key)
+    return env
+
+
+def _answers(model_dir: str, questions: list[str], each: int, seed: int) -> dict[str, list[str]]:
+    model, tok = load_causal_lm(model_dir, "cpu")
+    texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+             for q in questions for _ in range(each)]
+    torch.manual_seed(seed)
+    out = sampling.sample_answers(model, tok, texts, EvalSettings())[0]
+    return {q: out[i * each:(i + 1) * each] for i, q in enumerate(questions)}
+
+
+def policy_movement(instance: Path, version_name: str, questions: list[str], pref: str) -> dict[str, Any]:
+    """Ground truth on ``SAMPLES_PER_QUESTION`` answers per question of a stored version and of its
+    parent; plus the run's reward model's AUC on the parent's answers."""
+    app = loop._APPS.setdefault(instance, make_app(instance))
+    with app.app_context():
+        version = db.session.scalar(db.select(ModelVersion).where(ModelVersion.name == version_name))
+        cand_dir, parent_dir = version.location, version.parent.location
+        run = db.session.get(TrainingRun, version.training_run_id)
+        reward_dir = (run.metrics or {}).get("reward_model_path")
+        from webapp.core.instance_paths import resolve
+        reward_dir = str(resolve(reward_dir)) if reward_dir else None
+        db.session.remove()
+    judge = preference_fn(pref)
+    par = _answers(parent_dir, questions, SAMPLES_PER_QUESTION, seed=7)
+    can = _answers(cand_dir, questions, SAMPLES_PER_QUESTION, seed=7)
+
+    def stats(answers: dict[str, list[str]]) -> dict[str, Any]:
+        sat = [judge(q, a) >= 0.5 for q, xs in answers.items() for a in xs]
+        words = [len(a.split()) for xs in answers.values() for a in xs]
+        return {"satisfied": round(sum(sat) / len(sat), 3), "n": len(sat), "words": round(sum(words) / len(words), 1),
+                "hits": sum(sat)}
+
+    out = {"parent": stats(par), "candidate": stats(can)}
+    out["p_value"] = sample_stats.compare_proportions((out["parent"]["hits"], out["parent"]["n"]),
+                                                      (out["candidate"]["hits"], out["candidate"]["n"])).p_value
+    if reward_dir:
+        model, tok = load_reward_model(reward_dir)
+        end = end_of_turn_token(tok) or tok.eos_token
+        items = [(q, a) for q, xs in par.items() for a in xs]
+        texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+                 + " " + a + end for q, a in items]
+        with torch.no_grad():
+            scores = score_texts(model, tok, texts)
+        out["reward_auc"] = loop.auc(scores, [judge(q, a) >= 0.5 for q, a in items])
+    return out
+
+
+def run_metrics(instance: Path, run_id: int) -> dict[str, Any]:
+    app = loop._APPS.setdefault(instance, make_app(instance))
+    with app.app_context():
+        run = db.session.get(TrainingRun, run_id)
+        m, counts, log = run.metrics or {}, run.feedback_counts or {}, run.log or ""
+        db.session.remove()
+    ev = m.get("evaluation", {})
+    h, j = ev.get("heldout") or {}, ev.get("judge") or {}
+    return {"decision": m.get("decision"), "version": m.get("version"), "events": counts.get("events"),
+            "algorithm": (m.get("policy") or {}).get("algorithm"),
+            "prompts": counts.get("prompts"), "pairs": counts.get("pairs"),
+            "rm_heldout_accuracy": (m.get("reward_model") or {}).get("heldout_accuracy"),
+            "gate": {"verdict": ev.get("verdict"), "heldout": f"{h.get('wins')}/{h.get('pairs')}",
+                     "heldout_p": h.get("p_value"), "judge_gain": j.get("gain"), "judge_p": j.get("p_value"),
+                     "judge_trusted": j.get("trusted"), "judge_prompts": j.get("prompts"),
+                     "evidence_p": ev.get("evidence_p"), "reasons": ev.get("reasons")},
+            "timings": m.get("timings"), "log_tail": log.splitlines()[-3:]}
+
+
+def experiment(instance: Path, users: loop.Users, exp: tuple, questions: list[str], cycle: int) -> dict[str, Any]:
+    """Evaluation users ask the N questions until each arm has ``EVAL_PER_ARM`` judged answers;
+    ground truth per arm and the monitor's decision."""
+    control_name, variant_name = exp[4], exp[3]
+    judged: dict[str, list[bool]] = {"control": [], "variant": []}
+    i, deadline = 0, time.time() + 900
+    while min(map(len, judged.values())) < EVAL_PER_ARM and time.time() < deadline and i < 6 * EVAL_PER_ARM:
+        user = users.new(70_000 + cycle * 10_000 + i, rate=False)
+        interactions = user.ask(questions[i % len(questions)])
+        ids = loop.stored_ids(instance, interactions)
+        versions = loop.answered_by(instance, [m for m in ids if m is not None])
+        for inter, mid in zip(interactions, ids):
+            arm = {control_name: "control", variant_name: "variant"}.get(versions.get(mid))
+            if arm:
+                judged[arm].append(inter.satisfaction >= 0.5)
+        i += 1
+    c, v = judged["control"], judged["variant"]
+    test = sample_stats.compare_proportions((sum(c), len(c)), (sum(v), len(v)))
+    decided = loop.wait_for(lambda: next((e for e in loop.db_state(instance)[1] if e[0] == exp[0]
+                                          and e[1] != "running"), None), 120)
+    return {"control": {"share": round(sum(c) / max(1, len(c)), 3), "n": len(c)},
+            "variant": {"share": round(sum(v) / max(1, len(v)), 3), "n": len(v)},
+            "p_value": test.p_value, "decision": decided[2] if decided else "still running"}
+
+
+def run_deployment(pref: str, model_dir: Path, n_questions: int = 16, via: str = "chat",
+                   extra_env: dict[str, str] | None = None, label: str | None = None) -> dict[str, Any]:
+    """One preference through the deployed loop on ``n_questions`` questions (see the module)."""
+    t_start = time.perf_counter()
+    questions = deployment_questions(n_questions)
+    instance = Path(tempfile.mkdtemp(prefix=f"deploy-{pref}-")) / "instance"
+    register_model(make_app(instance), model_dir)
+    api_key = loop.create_api_key(instance) if via == "openai" else None
+    server = LiveServer(instance, env={**server_env(), **(extra_env or {})})
+    events, seed, cycles, won, worse_promoted = 0, 0, [], None, False
+    try:
+        users = loop.Users(server.url, pref, via, api_key)
+        seen_runs = 0
+        while events < MAX_EVENTS:
+            # feedback until the scheduler starts a run (it checks every few seconds) or the budget is spent
+            while events < MAX_EVENTS and len(loop.db_state(instance)[0]) == seen_runs:
+                user = users.new(seed)
+                seed += 1
+                for _ in range(3):  # a user asks three of the questions, the set round-robin over users
+                    for inter in user.ask(questions[seed % len(questions)]):
+                        events += inter.events
+                    seed += 1
+            runs = loop.wait_for(lambda: len(loop.db_state(instance)[0]) > seen_runs and loop.db_state(instance)[0],
+                                 60 if events >= MAX_EVENTS else 5)
+            if not runs:
+                break
+            seen_runs = len(runs)
+            done = loop.wait_for(lambda: (r := loop.db_state(instance)[0][-1]) and r[1] in ("succeeded", "failed") and r,
+                                 1200)
+            if not done or done[1] != "succeeded":
+                cycles.append({"cycle": len(cycles) + 1, "events_at_start": events, "run": "failed or timed out"})
+                continue
+            rec = {"cycle": len(cycles) + 1, "events_sent": events, **run_metrics(instance, done[0])}
+            rec["policy_movement"] = policy_movement(instance, rec["version"], questions, pref)
+            if rec["decision"] == "candidate":
+                exp = loop.wait_for(lambda: next((e for e in loop.db_state(instance)[1] if e[1] == "running"), None),
+                                    300)
+                if exp:
+                    rec["experiment"] = experiment(instance, users, exp, questions, rec["cycle"])
+                    e = rec["experiment"]
+                    better = e["p_value"] < 0.05 and e["variant"]["share"] > e["control"]["share"]
+                    worse = e["p_value"] < 0.05 and e["variant"]["share"] < e["control"]["share"]
+                    if e["decision"] == "promote" and worse:
+                        worse_promoted = True
+                    if e["decision"] == "promote" and better and won is None:
+                        won = rec
+            cycles.append(rec)
+            print({k: rec.get(k) for k in ("cycle", "events", "decision", "rm_heldout_accuracy", "gate",
+                                           "policy_movement", "experiment")}, flush=True)
+            if won:
+                break
+    finally:
+        server.stop()
+    return {"preference": label or pref, "questions": n_questions, "via": via, "cycles": cycles,
+            "feedback_events": events, "won": won is not None,
+            "events_to_win": won and won["events"], "cycles_to_win": won and won["cycle"],
+            "worse_promoted": worse_promoted, "wall_s": round(time.perf_counter() - t_start, 1)}
+
+
+def _cell(c: dict[str, Any]) -> str:
+    pm = c.get("policy_movement") or {}
+    gate = c.get("gate") or {}
+    e = c.get("experiment")
+    auc = pm.get("reward_auc")
+    return (f"{c.get('events')} ev: RM {c.get('rm_heldout_accuracy')} / AUC {'–' if auc is None else f'{auc:.2f}'}; "
+            f"policy {pm.get('parent', {}).get('satisfied', '–')} -> {pm.get('candidate', {}).get('satisfied', '–')}; "
+            f"gate {gate.get('verdict')} ({gate.get('heldout')}, p {gate.get('evidence_p')})"
+            + (f"; A/B {e['control']['share']} -> {e['variant']['share']} (p {e['p_value']:.2g}, {e['decision']})"
+               if e else ""))
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    lines = ["| preference | questions | promoted significant win | events to win | cycles: events, reward model, "
+             "policy satisfied (parent -> candidate), gate, A/B | wall s |", "|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['preference']} | {r['questions']} | {'**yes**' if r['won'] else 'no'}"
+                     f"{' (a worse variant was promoted)' if r['worse_promoted'] else ''} | "
+                     f"{r['events_to_win'] or '–'} | {'<br>'.join(_cell(c) for c in r['cycles']) or '–'} | "
+                     f"{r['wall_s']:.0f} |")
+    wins = sum(r["won"] for r in results)
+    lines += ["", f"{wins} of {len(results)} preferences reached a promoted, significant win within "
+                  f"{MAX_EVENTS} feedback events; {sum(r['worse_promoted'] for r in results)} promoted a worse variant."]
+    return "\n".join(lines)
