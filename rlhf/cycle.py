@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from rlhf.data.datasets import DatasetBundle, build_datasets
+from rlhf.data.datasets import DatasetBundle, build_datasets, question_key
 from rlhf.data.records import ConversationRecord
 from rlhf.gate.evaluation import evaluate_candidate
 from rlhf.models.adapters import is_adapter
@@ -94,6 +94,15 @@ def heldout_evidence(bundle: DatasetBundle) -> list[dict]:
     return bundle.pairs["eval"] + [r for r in bundle.rated["eval"] if r["source"] == "rated"]
 
 
+def heldout_questions(bundle: DatasetBundle) -> int:
+    """How many distinct questions the held-out evidence judges answers to (a rated pair counts the
+    questions of both its sides)."""
+    firsts = {question_key(r["prompt"][0]["content"]) for r in bundle.pairs["eval"] if r["prompt"]}
+    for r in bundle.rated["eval"]:
+        firsts |= {question_key(r[k][0]["content"]) for k in ("chosen_prompt", "rejected_prompt") if r.get(k)}
+    return len(firsts)
+
+
 def train_judge(parent_dir: str | Path, bundle: DatasetBundle, out_dir: str | Path, settings: CycleSettings,
                 progress: ProgressFn | None = None) -> dict[str, Any]:
     """The gate's judge: a reward model trained on the held-out pairs alone. Neither the policy nor
@@ -106,6 +115,7 @@ def train_judge(parent_dir: str | Path, bundle: DatasetBundle, out_dir: str | Pa
                                  out_dir, reward, settings.device, progress, stage="judge",
                                  rated_rows=bundle.rated["eval"])
     return {"trained_on_pairs": metrics["train_pairs"] + metrics["rated_pairs"], "steps": metrics["steps"],
+            "questions": heldout_questions(bundle),
             "accuracy": None if metrics["heldout_accuracy"] is None else round(metrics["heldout_accuracy"], 4),
             "accuracy_pairs": metrics["eval_pairs"]}
 
@@ -243,7 +253,8 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
         if len(held_out) >= settings.gate.min_heldout_pairs:
             judge_dir = Path(scratch) / "judge"
             judge_info = train_judge(parent_dir, bundle, judge_dir, settings, report)
-            say(f"judge: reward model trained on {judge_info['trained_on_pairs']} held-out pairs, accuracy "
+            say(f"judge: reward model trained on {judge_info['trained_on_pairs']} held-out pairs "
+                f"({judge_info['questions']} questions), accuracy "
                 f"{judge_info['accuracy']} on {judge_info['accuracy_pairs']} training pairs it never saw")
         else:
             say(f"judge: not trained: {len(held_out)} held-out pairs, the gate needs at least "

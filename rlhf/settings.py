@@ -169,6 +169,10 @@ class GateThresholds:
     min_reward_gain: float = knob(0.0, "judge reward model (trained on held-out pairs, never optimized against): "
                                   "its gain, candidate minus parent mean reward, must exceed this significantly to "
                                   "count as evidence")
+    min_judge_questions: int = knob(8, "fewest distinct held-out questions the judge must have learned from to count "
+                                    "as evidence (it scores every evaluated question's answers; a judge of three "
+                                    "questions extrapolates to the rest): fewer, and it is reported, not counted",
+                                    low=1)
     max_kl: float = knob(25.0, "largest KL from the parent, in nats per answer, on the candidate's own samples",
                          above=0.0)
     max_empty_rate: float = knob(0.1, "largest share of empty answers", low=0.0, high=1.0)
