@@ -103,6 +103,30 @@ def heldout_questions(bundle: DatasetBundle) -> int:
     return len(firsts)
 
 
+def evaluation_prompts(heldout: list, train: list, settings: CycleSettings) -> tuple[list, int, list[str]]:
+    """The prompts the gate samples, how many of the first ones the judge's gain is measured on, and
+    notes. The judge scores only answers to held-out questions, the ones it learned from: a judge
+    of three questions scoring the answers to thirteen others extrapolates (on a deployment of 16
+    questions it passed a candidate that ground truth called worse, and called worse one that ground
+    truth put 14 points ahead). With fewer than ``evaluation.min_judged_prompts`` held-out prompts
+    each is asked again until there are that many, so the signed-rank test has the units to reach
+    a verdict about those questions; with fewer than ``min_prompts``, the training prompts join for
+    the KL and degeneration checks, which look at every answer."""
+    notes: list[str] = []
+    heldout = heldout[: settings.evaluation.max_prompts]
+    prompts = list(heldout)
+    if heldout and len(heldout) < settings.evaluation.min_judged_prompts:
+        times = -(-settings.evaluation.min_judged_prompts // len(heldout))
+        prompts = [p for p in heldout for _ in range(times)]
+        notes.append(f"{len(heldout)} held-out prompts, each asked {times} times for the judge")
+    judged = len(prompts)
+    if len(heldout) < settings.min_prompts:  # too few held-out prompts: say so, use training ones
+        notes.append(f"only {len(heldout)} held-out prompts; adding training prompts for the KL and "
+                     "degeneration checks")
+        prompts = prompts + train
+    return prompts, judged, notes
+
+
 def train_judge(parent_dir: str | Path, bundle: DatasetBundle, out_dir: str | Path, settings: CycleSettings,
                 progress: ProgressFn | None = None) -> dict[str, Any]:
     """The gate's judge: a reward model trained on the held-out pairs alone. Neither the policy nor
@@ -267,13 +291,13 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
                                timings={k: round(v, 2) for k, v in timings.items()}, peak_rss_mb=peaks)
 
         t0 = time.perf_counter()
-        eval_prompts = [r["prompt"] for r in bundle.prompts["eval"]]
-        if len(eval_prompts) < settings.min_prompts:  # too few held-out prompts: say so, use training ones
-            say(f"evaluate: only {len(eval_prompts)} held-out prompts; adding training prompts")
-            eval_prompts = eval_prompts + train_prompts
+        eval_prompts, judged, notes = evaluation_prompts([r["prompt"] for r in bundle.prompts["eval"]],
+                                                         train_prompts, settings)
+        for note in notes:
+            say(f"evaluate: {note}")
         evaluation = evaluate_candidate(policy_dir, parent_dir, reward_dir, eval_prompts, settings.gate,
                                         settings.evaluation, settings.device, report, heldout_pairs=held_out,
-                                        judge_dir=judge_dir, judge_info=judge_info)
+                                        judge_dir=judge_dir, judge_info=judge_info, judged_prompts=judged)
     timings["evaluate"] = time.perf_counter() - t0
     peaks["evaluate"] = peak()
     say(describe(evaluation))

@@ -169,10 +169,6 @@ class GateThresholds:
     min_reward_gain: float = knob(0.0, "judge reward model (trained on held-out pairs, never optimized against): "
                                   "its gain, candidate minus parent mean reward, must exceed this significantly to "
                                   "count as evidence")
-    min_judge_questions: int = knob(8, "fewest distinct held-out questions the judge must have learned from to count "
-                                    "as evidence (it scores every evaluated question's answers; a judge of three "
-                                    "questions extrapolates to the rest): fewer, and it is reported, not counted",
-                                    low=1)
     max_kl: float = knob(25.0, "largest KL from the parent, in nats per answer, on the candidate's own samples",
                          above=0.0)
     max_empty_rate: float = knob(0.1, "largest share of empty answers", low=0.0, high=1.0)
@@ -190,6 +186,10 @@ class EvalSettings:
     max_new_tokens: int = knob(64, "longest evaluated answer, in tokens", low=1)
     temperature: float = knob(0.8, "sampling temperature of the evaluation", above=0.0, high=5.0)
     seed: int = knob(1234, "sampling seed (the same for candidate and parent)", low=0)
+    min_judged_prompts: int = knob(16, "fewest prompts the judge's gain is tested over. The judge scores only answers "
+                                   "to held-out questions (the ones it learned from); with fewer of them, each is "
+                                   "asked again until there are this many, and the gain then speaks for those "
+                                   "questions (a deployment whose users ask the same few questions)", low=1)
     max_pairs: int = knob(512, "held-out preference pairs compared, and training pairs the judge's accuracy is "
                           "measured on (at most)", low=1)
 

@@ -97,12 +97,7 @@ def _judge_words(j: dict[str, Any] | None) -> str:
     if j is None:
         return "judge: none"
     words = f"judge gain {j['gain']:.3f} over {j['prompts']} prompts, p = {j['p_value']:.3g}"
-    if not j.get("trusted") and j.get("too_few_questions") and j.get("trust_p") is not None and \
-            j["trust_p"] < j.get("alpha", 1.0):
-        words += (f", not counted: it learned from the judgments of {j['questions']} held-out questions, fewer than "
-                  f"the {j['too_few_questions']} a judge of other questions' answers needs "
-                  "(training.gate.min_judge_questions)")
-    elif not j.get("trusted"):
+    if not j.get("trusted"):
         accuracy = "unknown" if j.get("accuracy") is None else \
             f"{j['accuracy']:.0%} on {j['accuracy_pairs']} pairs it never saw, p = {j['trust_p']:.3g}"
         words += f", not counted: its accuracy ({accuracy}) is not shown to beat chance"
@@ -198,10 +193,9 @@ def judged_by(heldout: dict[str, Any], judge: dict[str, Any] | None, t: GateThre
     out = [f"held-out preferences: implicit reward margin vs the parent on {n} pairs (one-sided sign test)"]
     if judge is not None:
         trained = f" trained on {judge['trained_on_pairs']} held-out pairs" if judge.get("trained_on_pairs") else ""
-        why = (f"it learned from {judge['questions']} held-out questions, fewer than {judge['too_few_questions']}"
-               if judge.get("too_few_questions") else "its accuracy is not shown to beat chance")
         out.append(f"judge reward model{trained} (signed-rank test of its gain over {judge['prompts']} prompts)"
-                   if judge.get("trusted") else f"judge reward model{trained}: reported, not counted ({why})")
+                   if judge.get("trusted") else
+                   f"judge reward model{trained}: reported, not counted (its accuracy is not shown to beat chance)")
     counted = "both combined by Simes' test" if judge is not None and judge.get("trusted") else "alone"
     return out + [f"{counted} at alpha {t.alpha}; KL from the parent and degeneration checks"]
 
@@ -212,14 +206,15 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
                        prompts: list[list[dict]], thresholds: GateThresholds = GateThresholds(),
                        settings: EvalSettings = EvalSettings(), device: str = "auto",
                        progress: ProgressFn | None = None, heldout_pairs: list[dict] | None = None,
-                       judge_dir: str | Path | None = None, judge_info: dict[str, Any] | None = None
-                       ) -> dict[str, Any]:
+                       judge_dir: str | Path | None = None, judge_info: dict[str, Any] | None = None,
+                       judged_prompts: int | None = None) -> dict[str, Any]:
     """Compare candidate and parent; returns the evidence, ``passed``, ``verdict`` and ``reasons``.
 
     ``heldout_pairs``: preference pairs (conversational rows) neither model nor ``reward_dir``
     trained on; ``judge_dir``: a reward model trained on them alone (``judge_info``: how it was
-    trained, reported with it). ``reward_dir``: the run's own reward model, whose gain is reported
-    and never decides."""
+    trained, reported with it); ``judged_prompts``: how many of the first ``prompts`` the judge's
+    gain is measured on (None: all), the others serving the KL and degeneration checks only.
+    ``reward_dir``: the run's own reward model, whose gain is reported and never decides."""
     dev = resolve_device(device)
     candidate, tok = load_causal_lm(candidate_dir, dev)
     parent, _ = load_causal_lm(parent_dir, dev)
@@ -253,14 +248,14 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
     judged = _scores(judge_dir, dev, tok, prompt_texts, answers) if judge_dir is not None else None
     report("evaluate", 5, steps)
 
+    if judged is not None and judged_prompts is not None:  # the judge's own questions only
+        judged = {name: scores[: judged_prompts * settings.samples_per_prompt] for name, scores in judged.items()}
     parent_summary = _summary(answers["parent"], trained["parent"], judged and judged["parent"])
     cand_summary = _summary(texts, trained["candidate"], judged and judged["candidate"])
     judge = None
     if judged is not None:
         info = judge_info or {}
-        judge = {**info, **judge_trust(info.get("accuracy"), info.get("accuracy_pairs"), thresholds.alpha,
-                                       info.get("questions"), thresholds.min_judge_questions),
-                 "alpha": thresholds.alpha,
+        judge = {**info, **judge_trust(info.get("accuracy"), info.get("accuracy_pairs"), thresholds.alpha),
                  "parent_mean": round(parent_summary["judge_reward"], 4),
                  "candidate_mean": round(cand_summary["judge_reward"], 4),
                  **paired_gain(judged["parent"], judged["candidate"], settings.samples_per_prompt,

@@ -115,21 +115,13 @@ def four_digits(value: float) -> float:
 
 # ---------------------------------------------------------------------------- the judge
 
-def judge_trust(accuracy: float | None, pairs: int | None, alpha: float, questions: int | None = None,
-                min_questions: int = 1) -> dict[str, Any]:
-    """Whether the judge counts as evidence: it ranks pairs it never saw better than a coin
-    (one-sided binomial test at ``alpha``), and it learned from the judgments of at least
-    ``min_questions`` distinct held-out questions (``questions``; None: not known, not checked).
-    A judge that cannot rank is no evidence, whatever gain it reports; one trained on the answers
-    to three questions scores the other questions' answers by what it learned about those three
-    (measured on a deployment of 16 questions: such a judge called a candidate worse that ground
-    truth put 14 points ahead; docs/training.md, "Few distinct questions")."""
+def judge_trust(accuracy: float | None, pairs: int | None, alpha: float) -> dict[str, Any]:
+    """Whether the judge ranks pairs it never saw better than a coin (one-sided binomial test at
+    ``alpha``): a judge that cannot is no evidence, whatever gain it reports."""
     if accuracy is None or not pairs:
-        return {"trusted": False, "trust_p": None, "questions": questions}
+        return {"trusted": False, "trust_p": None}
     p_value = binomtest(round(accuracy * pairs), pairs, 0.5, alternative="greater").pvalue
-    enough = questions is None or questions >= min_questions
-    return {"trusted": bool(p_value < alpha and enough), "trust_p": four_digits(p_value), "questions": questions,
-            **({} if enough else {"too_few_questions": min_questions})}
+    return {"trusted": bool(p_value < alpha), "trust_p": four_digits(p_value)}
 
 
 def paired_gain(parent: list[float], candidate: list[float], per_prompt: int, min_gain: float) -> dict[str, Any]:

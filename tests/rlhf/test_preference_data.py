@@ -173,3 +173,31 @@ def test_standard_format_matches_what_ppo_scores(micro_model_dir):
     std = to_standard(row, tok)
     assert std == {"prompt": "User: Hi?\nAssistant:", "chosen": " Hello.<|endoftext|>",
                    "rejected": " Go away.<|endoftext|>", "margin": 1.0}
+
+
+def test_the_judge_scores_only_its_own_questions_asked_again_when_they_are_few():
+    """200 events on a deployment's 16 questions hold out 3 of them: the gate asks each again until
+    the judge's test has ``min_judged_prompts`` units, never scoring the training questions' answers
+    with it (those serve the KL and degeneration checks); on 120 questions nothing changes."""
+    from rlhf.cycle import evaluation_prompts, heldout_questions
+    from rlhf.settings import CycleSettings
+    from rlhf.sim.questions import deployment_questions
+    from rlhf.sim.users import Behaviour, prompt_set, simulate_records
+
+    def bundle(questions: list[str]):
+        records, _ = simulate_records([(70, 3, "calm", Behaviour())], seed=0, questions=questions)
+        return build_datasets(records, DataSettings())
+
+    settings = CycleSettings()
+    few, many = bundle(deployment_questions(16)), bundle(prompt_set(120, seed=3))
+    assert heldout_questions(few) == 3 and heldout_questions(many) > 8
+    heldout = [r["prompt"] for r in few.prompts["eval"]]
+    train = [r["prompt"] for r in few.prompts["train"]]
+    prompts, judged, notes = evaluation_prompts(heldout, train, settings)
+    need = settings.evaluation.min_judged_prompts
+    assert need <= judged < need + len(heldout) and prompts[judged:] == train
+    assert sorted(map(repr, prompts[:judged])) == sorted(map(repr, heldout * (judged // len(heldout))))
+    assert notes == [f"{len(heldout)} held-out prompts, each asked {judged // len(heldout)} times for the judge",
+                     f"only {len(heldout)} held-out prompts; adding training prompts for the KL and degeneration checks"]
+    heldout = [r["prompt"] for r in many.prompts["eval"]]
+    assert len(heldout) >= need and evaluation_prompts(heldout, [], settings) == (heldout, len(heldout), [])
