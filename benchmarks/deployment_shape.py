@@ -30,15 +30,16 @@ import torch
 
 from benchmarks import closed_loop as loop
 from rlhf.models import sampling
+from rlhf.models.chat_format import end_of_turn_token
 from rlhf.models.loading import load_causal_lm
 from rlhf.reward.scoring import load_reward_model, score_texts
-from rlhf.models.chat_format import end_of_turn_token
 from rlhf.settings import EvalSettings
 from rlhf.sim.preferences import preference as preference_fn
 from rlhf.sim.questions import deployment_questions
 from tests.support.app import make_app, register_model
 from tests.support.live_server import LiveServer
 from webapp.core.extensions import db
+from webapp.core.instance_paths import resolve
 from webapp.core.models import ModelVersion, TrainingRun
 from webapp.experiments import sample_stats
 
@@ -74,7 +75,6 @@ def policy_movement(instance: Path, version_name: str, questions: list[str], pre
         cand_dir, parent_dir = version.location, version.parent.location
         run = db.session.get(TrainingRun, version.training_run_id)
         reward_dir = (run.metrics or {}).get("reward_model_path")
-        from webapp.core.instance_paths import resolve
         reward_dir = str(resolve(reward_dir)) if reward_dir else None
         db.session.remove()
     judge = preference_fn(pref)
