@@ -209,10 +209,10 @@ def _cell(c: dict[str, Any]) -> str:
     pm = c.get("policy_movement") or {}
     gate = c.get("gate") or {}
     e = c.get("experiment")
-    auc = pm.get("reward_auc")
-    return (f"{c.get('events')} ev: RM {c.get('rm_heldout_accuracy')} / AUC {'–' if auc is None else f'{auc:.2f}'}; "
+    auc, acc, p = pm.get("reward_auc"), c.get("rm_heldout_accuracy"), gate.get("evidence_p")
+    return (f"{c.get('events')} ev: RM {'–' if acc is None else f'{acc:.2f}'} / AUC {'–' if auc is None else f'{auc:.2f}'}; "
             f"policy {pm.get('parent', {}).get('satisfied', '–')} -> {pm.get('candidate', {}).get('satisfied', '–')}; "
-            f"gate {gate.get('verdict')} ({gate.get('heldout')}, p {gate.get('evidence_p')})"
+            f"gate {gate.get('verdict')} ({gate.get('heldout')} held-out pairs, combined p {'–' if p is None else f'{p:.2g}'})"
             + (f"; A/B {e['control']['share']} -> {e['variant']['share']} (p {e['p_value']:.2g}, {e['decision']})"
                if e else ""))
 
