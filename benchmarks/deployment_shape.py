@@ -29,10 +29,9 @@ from typing import Any
 import torch
 
 from benchmarks import closed_loop as loop
+from benchmarks.zoo_ablation import reward_scores
 from rlhf.models import sampling
-from rlhf.models.chat_format import end_of_turn_token
 from rlhf.models.loading import load_causal_lm
-from rlhf.reward.scoring import load_reward_model, score_texts
 from rlhf.settings import EvalSettings
 from rlhf.sim.preferences import preference as preference_fn
 from rlhf.sim.questions import deployment_questions
@@ -91,14 +90,8 @@ def policy_movement(instance: Path, version_name: str, questions: list[str], pre
     out["p_value"] = sample_stats.compare_proportions((out["parent"]["hits"], out["parent"]["n"]),
                                                       (out["candidate"]["hits"], out["candidate"]["n"])).p_value
     if reward_dir:
-        model, tok = load_reward_model(reward_dir)
-        end = end_of_turn_token(tok) or tok.eos_token
         items = [(q, a) for q, xs in par.items() for a in xs]
-        texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-                 + " " + a + end for q, a in items]
-        with torch.no_grad():
-            scores = score_texts(model, tok, texts)
-        out["reward_auc"] = loop.auc(scores, [judge(q, a) >= 0.5 for q, a in items])
+        out["reward_auc"] = loop.auc(reward_scores(reward_dir, items), [judge(q, a) >= 0.5 for q, a in items])
     return out
 
 

@@ -125,16 +125,21 @@ def feedback(pref: str, pool: dict[str, list[str]], budget: int, seed: int) -> l
     return out
 
 
-def reward_diagnostics(reward_dir: Path, judge: Callable[[str, str], float],
-                       parent4: dict[str, list[str]]) -> dict[str, Any]:
+def reward_scores(reward_dir: str | Path, items: list[tuple[str, str]]) -> list[float]:
+    """The reward model's score of each (question, answer), rendered as the gate scores answers
+    (rlhf.gate.evaluation._scores)."""
     model, tok = load_reward_model(reward_dir)
     end = end_of_turn_token(tok) or tok.eos_token
-    items = [(q, a) for q, answers in parent4.items() for a in answers]
-    # as the gate scores answers (rlhf.gate.evaluation._scores)
     texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
              + " " + a + end for q, a in items]
     with torch.no_grad():
-        scores = score_texts(model, tok, texts)
+        return score_texts(model, tok, texts)
+
+
+def reward_diagnostics(reward_dir: Path, judge: Callable[[str, str], float],
+                       parent4: dict[str, list[str]]) -> dict[str, Any]:
+    items = [(q, a) for q, answers in parent4.items() for a in answers]
+    scores = reward_scores(reward_dir, items)
     labels = [judge(q, a) >= 0.5 for q, a in items]
     best, k = [], 0
     for q, answers in parent4.items():
