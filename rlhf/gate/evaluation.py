@@ -84,6 +84,18 @@ def _scores(reward_dir: str | Path, device: torch.device, tok: Any, prompt_texts
 
 
 
+def _first_askings(prompt_texts: list[str], per_prompt: int) -> list[int]:
+    """Indices of the samples of each prompt's first asking (``prompt_texts`` holds every prompt
+    ``per_prompt`` times in a row; a prompt repeated for the judge appears again later)."""
+    seen: set[str] = set()
+    out: list[int] = []
+    for start in range(0, len(prompt_texts), per_prompt):
+        if prompt_texts[start] not in seen:
+            seen.add(prompt_texts[start])
+            out.extend(range(start, start + per_prompt))
+    return out
+
+
 # ---------------------------------------------------------------------------- the verdict
 
 def _heldout_words(h: dict[str, Any]) -> str:
@@ -250,8 +262,13 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
 
     if judged is not None and judged_prompts is not None:  # the judge's own questions only
         judged = {name: scores[: judged_prompts * settings.samples_per_prompt] for name, scores in judged.items()}
-    parent_summary = _summary(answers["parent"], trained["parent"], judged and judged["parent"])
-    cand_summary = _summary(texts, trained["candidate"], judged and judged["candidate"])
+    # a prompt asked again for the judge counts once in the degeneration checks and the reported
+    # reward: repeats would lower both models' distinct-2, a consistent candidate's more
+    once = _first_askings(prompt_texts, settings.samples_per_prompt)
+    parent_summary = _summary([answers["parent"][i] for i in once], [trained["parent"][i] for i in once],
+                              judged and judged["parent"])
+    cand_summary = _summary([texts[i] for i in once], [trained["candidate"][i] for i in once],
+                            judged and judged["candidate"])
     judge = None
     if judged is not None:
         info = judge_info or {}

@@ -199,5 +199,8 @@ def test_the_judge_scores_only_its_own_questions_asked_again_when_they_are_few()
     assert sorted(map(repr, prompts[:judged])) == sorted(map(repr, heldout * (judged // len(heldout))))
     assert notes == [f"{len(heldout)} held-out prompts, each asked {judged // len(heldout)} times for the judge",
                      f"only {len(heldout)} held-out prompts; adding training prompts for the KL and degeneration checks"]
+    # a prompt asked again for the judge counts once in the degeneration checks
+    from rlhf.gate.evaluation import _first_askings
+    assert _first_askings(["a", "a", "b", "b", "a", "a", "c", "c"], 2) == [0, 1, 2, 3, 6, 7]
     heldout = [r["prompt"] for r in many.prompts["eval"]]
     assert len(heldout) >= need and evaluation_prompts(heldout, [], settings) == (heldout, len(heldout), [])
