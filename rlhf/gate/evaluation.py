@@ -257,11 +257,12 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
     per_criterion = criteria_scores(reward_dir, dev, {name: [p + " " + t + end if t else p + end
                                                              for p, t in zip(prompt_texts, texts_)]
                                                       for name, texts_ in answers.items()})
-    judged = _scores(judge_dir, dev, tok, prompt_texts, answers) if judge_dir is not None else None
+    # the judge scores only the answers to its own questions (the first ``judged_prompts``)
+    n = len(prompt_texts) if judged_prompts is None else judged_prompts * settings.samples_per_prompt
+    judged = _scores(judge_dir, dev, tok, prompt_texts[:n], {name: a[:n] for name, a in answers.items()}) \
+        if judge_dir is not None else None
     report("evaluate", 5, steps)
 
-    if judged is not None and judged_prompts is not None:  # the judge's own questions only
-        judged = {name: scores[: judged_prompts * settings.samples_per_prompt] for name, scores in judged.items()}
     # a prompt asked again for the judge counts once in the degeneration checks and the reported
     # reward: repeats would lower both models' distinct-2, a consistent candidate's more
     once = _first_askings(prompt_texts, settings.samples_per_prompt)
@@ -303,5 +304,4 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
             "thresholds": asdict(thresholds),
             "examples": [{"prompt": prompts[i // settings.samples_per_prompt][-1]["content"],
                           "parent": answers["parent"][i], "candidate": texts[i]}
-                         for i in range(0, min(len(texts), 6 * settings.samples_per_prompt),
-                                        settings.samples_per_prompt)]}
+                         for i in once[::settings.samples_per_prompt][:6]]}
