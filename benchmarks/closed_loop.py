@@ -396,6 +396,8 @@ def main() -> None:
     ap.add_argument("--markdown", type=Path, help="also write the table to this file")
     ap.add_argument("--json", type=Path, help="also write the raw results to this file")
     args = ap.parse_args()
+    if args.questions is not None and not 1 <= args.questions <= 48:
+        ap.error(f"--questions must be between 1 and 48, got {args.questions}")
     model_dir = cached_model("default")
     results = []
     if args.zoo and args.preference == ap.get_default("preference"):

@@ -195,6 +195,8 @@ def main() -> None:
     ap.add_argument("--questions", type=int, help="the deployment shape: users ask only this many fixed questions")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.questions is not None and not 1 <= args.questions <= 48:
+        ap.error(f"--questions must be between 1 and 48, got {args.questions}")
     unknown = [v for v in args.variant if v not in VARIANTS]
     if unknown:
         ap.error(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
