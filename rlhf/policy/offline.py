@@ -164,6 +164,7 @@ def train_iterative_dpo(policy_dir: str | Path, reward_dir: str | Path, prompts:
     if not pairs:
         raise ValueError(f"iterative DPO: the reward model ranked {len(answers)} sampled answers to "
                          f"{len(texts)} prompts and no two differed by {settings.min_pair_gap} standard deviations")
-    dpo = replace(settings, batch_size=min(settings.batch_size, len(pairs)))
+    # mini_batches is PPO's; the batch shrinks to the pairs (an odd handful on a few questions)
+    dpo = replace(settings, batch_size=min(settings.batch_size, len(pairs)), mini_batches=1)
     metrics = train_dpo(policy_dir, pairs, out_dir, dpo, device, progress, logs)
     return {**metrics, "algorithm": "iterative_dpo", "sampled": kept}

@@ -153,6 +153,17 @@ def test_alternative_algorithms_complete(algorithm, micro_model_dir, reward_dir,
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
 
 
+def test_iterative_dpo_trains_on_fewer_pairs_than_a_batch_with_the_default_mini_batches(
+        micro_model_dir, reward_dir, tmp_path):
+    """A deployment of few questions gives iterative DPO an odd handful of pairs; the batch shrinks
+    to them, and PPO's mini-batch rule (batch a multiple of 2) must not refuse a DPO run."""
+    rm_path, _ = reward_dir
+    settings = PolicySettings(**{**MICRO_POLICY.__dict__, "mini_batches": 2, "max_steps": 2,
+                                 "pairs_per_prompt": 1, "min_pair_gap": 0.0})
+    metrics = train_iterative_dpo(micro_model_dir, rm_path, prompts(3), tmp_path / "idpo", settings, device="cpu")
+    assert metrics["sampled"]["pairs"] == 3 and metrics["pairs"] == 3 and metrics["steps"] == 2
+
+
 def test_reward_model_learns_from_rated_pairs_across_questions_alone(micro_model_dir, tmp_path):
     """No two answers to the same question: every pair's sides have their own prompts (rated pairs,
     rlhf.data.datasets.rated_pairs). The reward model still learns the preference."""
