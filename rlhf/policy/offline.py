@@ -38,7 +38,8 @@ def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: li
     """Shared run of TRL's offline preference trainers (DPO, KTO) on conversational rows:
     the parent (a frozen copy, or the adapter-free base with LoRA) is the reference."""
     quiet_trl()
-    settings.validate()
+    # mini_batches is PPO's: a batch fitted to an odd handful of rows must not trip its rule
+    settings = replace(settings, mini_batches=1).validate()
     dev = resolve_device(device)
     torch.manual_seed(settings.seed)
     policy, tokenizer = load_policy(policy_dir)
@@ -164,7 +165,6 @@ def train_iterative_dpo(policy_dir: str | Path, reward_dir: str | Path, prompts:
     if not pairs:
         raise ValueError(f"iterative DPO: the reward model ranked {len(answers)} sampled answers to "
                          f"{len(texts)} prompts and no two differed by {settings.min_pair_gap} standard deviations")
-    # mini_batches is PPO's; the batch shrinks to the pairs (an odd handful on a few questions)
-    dpo = replace(settings, batch_size=min(settings.batch_size, len(pairs)), mini_batches=1)
+    dpo = replace(settings, batch_size=min(settings.batch_size, len(pairs)))
     metrics = train_dpo(policy_dir, pairs, out_dir, dpo, device, progress, logs)
     return {**metrics, "algorithm": "iterative_dpo", "sampled": kept}
