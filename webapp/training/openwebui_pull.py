@@ -1,32 +1,100 @@
 """The scheduler's Open WebUI pull: fetch Open WebUI's feedback export with an admin's API key
 and import it (webapp.training.openwebui), so ratings given there reach training with no one
 moving files. Off while ``RLHF_OPENWEBUI_URL`` is unset; a failed fetch is the job's recorded
-result, never an exception out of the scheduler."""
+result, never an exception out of the scheduler.
+
+The fetch carries an admin's key, so it trusts nothing the server says beyond the one answer:
+redirects are never followed (a redirect elsewhere would take the key with it: urllib keeps
+``Authorization`` across hosts), the body is read up to :data:`MAX_EXPORT_BYTES` and no further,
+and the whole fetch -- connect, headers, every read -- shares one deadline
+(:data:`FETCH_DEADLINE_SECONDS`), not a timeout per read that a slow server can renew forever.
+"""
 from __future__ import annotations
 
 import http.client
 import logging
-import urllib.error
-import urllib.request
+import ssl
+import time
+import urllib.parse
 from typing import Any
 
 from flask import current_app
 
+from webapp.core.validation import clip
 from webapp.training.openwebui import import_ratings
 from webapp.training.openwebui_export import EXPORT_PATH, ExportError, load_export
 
 log = logging.getLogger("webapp.training.openwebui_pull")
 
-FETCH_TIMEOUT_SECONDS = 60.0
+FETCH_DEADLINE_SECONDS = 60.0
+# An export holds every rating with a snapshot of its chat: about 5-20 KB a record, so 64 MiB is
+# several thousand records; a larger answer is refused rather than read into memory.
+MAX_EXPORT_BYTES = 64 * 1024 * 1024
+_CHUNK = 256 * 1024
 
 
-def fetch_export(url: str, api_key: str | None, timeout: float = FETCH_TIMEOUT_SECONDS) -> list:
-    """The export's records from the Open WebUI at ``url`` (its base URL); raises OSError (network,
-    HTTP status) or ExportError (not an export)."""
-    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-    request = urllib.request.Request(url.rstrip("/") + EXPORT_PATH, headers=headers)
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - an http(s) URL (checked setting)
-        return load_export(response.read())
+class FetchError(OSError):
+    """The export could not be fetched (one line: why)."""
+
+
+class HTTPStatusError(FetchError):
+    def __init__(self, status: int, reason: str, detail: str = "") -> None:
+        super().__init__(f"HTTP {status} {reason}{detail}")
+        self.status, self.reason = status, reason
+
+
+def fetch_export(url: str, api_key: str | None, deadline_seconds: float | None = None,
+                 max_bytes: int | None = None) -> list:
+    """The export's records from the Open WebUI at ``url`` (its base URL); raises FetchError
+    (network, HTTP status, redirect, too large, too slow) or ExportError (not an export)."""
+    target = urllib.parse.urlsplit(url.rstrip("/") + EXPORT_PATH)
+    if target.scheme not in ("http", "https") or not target.hostname:
+        raise FetchError(f"not an http(s) URL: {clip(url)}")
+    deadline_seconds = FETCH_DEADLINE_SECONDS if deadline_seconds is None else deadline_seconds
+    max_bytes = MAX_EXPORT_BYTES if max_bytes is None else max_bytes
+    end = time.monotonic() + deadline_seconds
+
+    def remaining() -> float:
+        left = end - time.monotonic()
+        if left <= 0:
+            raise FetchError(f"no complete answer within {deadline_seconds:g} s")
+        return left
+
+    cls = http.client.HTTPSConnection if target.scheme == "https" else http.client.HTTPConnection
+    extra = {"context": ssl.create_default_context()} if target.scheme == "https" else {}
+    conn = cls(target.hostname, target.port, timeout=remaining(), **extra)
+    try:
+        path = target.path + (f"?{target.query}" if target.query else "")
+        headers = {"Accept": "application/json", "User-Agent": "rlhf-chat openwebui-pull",
+                   **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+        conn.request("GET", path, headers=headers)
+        conn.sock.settimeout(remaining())
+        response = conn.getresponse()
+        if 300 <= response.status < 400:
+            where = response.getheader("Location") or "nowhere"
+            raise HTTPStatusError(response.status, response.reason,
+                                  f" (a redirect to {clip(where, 120)}: not followed, since it would carry the "
+                                  "admin key; set RLHF_OPENWEBUI_URL to the address it names)")
+        if response.status != 200:
+            raise HTTPStatusError(response.status, response.reason)
+        length = response.getheader("Content-Length")
+        if length and length.isdigit() and int(length) > max_bytes:
+            raise FetchError(f"the export is {int(length):,} bytes, over the limit of {max_bytes:,} bytes")
+        body = bytearray()
+        while True:
+            conn.sock.settimeout(remaining())  # each read waits only as long as the whole fetch has left
+            chunk = response.read1(min(_CHUNK, max_bytes + 1 - len(body)))  # what has arrived, not a full buffer
+            if not chunk:
+                break
+            body += chunk
+            if len(body) > max_bytes:
+                raise FetchError(f"the export is over the limit of {max_bytes:,} bytes")
+        remaining()
+    except TimeoutError:
+        raise FetchError(f"no complete answer within {deadline_seconds:g} s") from None
+    finally:
+        conn.close()
+    return load_export(bytes(body))
 
 
 def pull_tick() -> dict[str, Any]:
@@ -38,12 +106,13 @@ def pull_tick() -> dict[str, Any]:
     endpoint = url.rstrip("/") + EXPORT_PATH
     try:
         records = fetch_export(url, cfg.get("RLHF_OPENWEBUI_API_KEY"))
-    except urllib.error.HTTPError as exc:
-        hint = " (RLHF_OPENWEBUI_API_KEY must be an admin's API key)" if exc.code in (401, 403) else ""
-        return _failed(f"{endpoint} answered HTTP {exc.code} {exc.reason}{hint}")
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-        why = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        return _failed(f"could not fetch {endpoint}: {type(why).__name__ if not str(why) else why}")
+    except HTTPStatusError as exc:
+        hint = " (RLHF_OPENWEBUI_API_KEY must be an admin's API key)" if exc.status in (401, 403) else ""
+        return _failed(f"{endpoint} answered {exc}{hint}")
+    except FetchError as exc:
+        return _failed(f"could not fetch {endpoint}: {exc}")
+    except (OSError, http.client.HTTPException) as exc:
+        return _failed(f"could not fetch {endpoint}: {str(exc) or type(exc).__name__}")
     except ExportError as exc:
         return _failed(f"{endpoint} answered with {exc}")
     summary = import_ratings(records, source=endpoint, actor="scheduler")
