@@ -8,11 +8,17 @@ Each record is matched to the stored answer it rates -- never guessed:
    ``external_chat_id`` is ``meta.chat_id`` (``X-OpenWebUI-Chat-Id``) when that chat is stored;
 2. else by text: the rated answer's text and its question's text from the snapshot (surrounding
    whitespace aside), among the answers given over the /v1 API -- in that chat's conversations when
-   the chat is stored, otherwise in all of them, narrowed to the record's Open WebUI user (as the
-   /v1 API names them) when several match. Anything but exactly one candidate is reported.
+   the chat is stored, otherwise in all of them.
+
+Either way only answers served to the record's own user count (``user_id``: the Open WebUI user the
+/v1 API was told of, by header or ``user`` field, when it answered): ``meta`` and ``snapshot`` come
+from that user's browser and may name anybody's chat, message or text, so an answer served to
+someone else is reported ("not the rater's answer"), never rated in their name. Anything but exactly
+one candidate is reported. A record dated more than a few minutes into the future is malformed: it
+would outrank every later rating of the owner's, on every import.
 
 A matched rating is stored through the chat page's upsert (webapp.chat.feedback.save_feedback) as
-the user who owns the answer's conversation. A record whose rated answer and a sibling (another
+the user who owns the answer's conversation -- the rater. A record whose rated answer and a sibling (another
 answer to the same question in the snapshot, ``data.sibling_model_ids``) are both matched also
 becomes a side-by-side vote (a Comparison).
 
@@ -32,9 +38,10 @@ from webapp.core.extensions import db
 from webapp.core.identity import api_anon_id
 from webapp.core.models import ApiKey, Comparison, Conversation, Feedback, Message, User, utcnow
 from webapp.core.validation import clip
-from webapp.training.openwebui_export import Rating, Snap, Unmatched, epoch, parse_rating
+from webapp.training.openwebui_export import Rating, Snap, Unmatched, parse_rating, record_time
 
-UNMATCHED_REASONS = ("no such chat", "message not found", "text ambiguous", "not a rating", "malformed")
+UNMATCHED_REASONS = ("no such chat", "message not found", "text ambiguous", "not the rater's answer", "not a rating",
+                     "malformed")
 
 api_user_anon_id = api_anon_id  # the /v1 API's end user (webapp.core.identity)
 
@@ -46,7 +53,6 @@ class _Matcher:
 
     def __init__(self) -> None:
         self._chats: dict[str, list[int]] = {}
-        self._clients: list[str] | None = None
 
     def chat(self, chat_id: str | None) -> list[int]:
         """Live conversations that hold the front end's chat ``chat_id``."""
@@ -75,43 +81,51 @@ class _Matcher:
                         asked.content.in_(sorted({question, question.strip()}))))
         return list(db.session.scalars(query.order_by(Message.id)))
 
-    def owned_by(self, candidates: list[Message], external_user_id: str | None) -> list[Message]:
-        """The candidates in conversations of the app user the /v1 API made of this Open WebUI user."""
-        if not external_user_id:
+    def served_to(self, candidates: list[Message], external_user_id: str | None) -> list[Message]:
+        """The candidates served to this front-end user: answered over the /v1 API in a conversation of
+        the app user that the answering key's client makes of ``external_user_id`` (webapp.api.users).
+        A rating binds to its rater: nobody's record becomes someone else's feedback."""
+        if not external_user_id or not candidates:
             return []
-        if self._clients is None:
-            self._clients = sorted(set(db.session.scalars(db.select(ApiKey.client))))
-        anon_ids = [api_user_anon_id(client, external_user_id) for client in self._clients]
-        if not anon_ids:
-            return []
-        owners = set(db.session.scalars(db.select(Conversation.id).join(User, Conversation.user_id == User.id)
-                                        .where(User.anon_id.in_(anon_ids),
-                                               Conversation.id.in_(sorted({m.conversation_id for m in candidates})))))
-        return [m for m in candidates if m.conversation_id in owners]
+        rows = db.session.execute(
+            db.select(Message.id, ApiKey.client, User.anon_id)
+            .join(Conversation, Message.conversation_id == Conversation.id)
+            .join(User, Conversation.user_id == User.id).join(ApiKey, Message.api_key_id == ApiKey.id)
+            .where(Message.id.in_(sorted({m.id for m in candidates}))))
+        served = {mid for mid, client, anon_id in rows if anon_id == api_user_anon_id(client, external_user_id)}
+        return [m for m in candidates if m.id in served]
 
     def match(self, r: Rating) -> tuple[Message, str]:
-        """The stored answer ``r`` rates and how it was found ("message id" or "text")."""
+        """The stored answer ``r`` rates, served to ``r``'s user, and how it was found ("message id" or
+        "text"); Unmatched with the reason otherwise."""
         scope = self.chat(r.chat_id) or None
-        found = self.by_id(r.message_id, scope)
-        if len(found) == 1:
-            return found[0], "message id"
-        if len(found) > 1:
-            raise Unmatched("text ambiguous", f"{len(found)} stored answers carry message id {clip(r.message_id)}")
+        by_id = self.by_id(r.message_id, scope)
+        mine = self.served_to(by_id, r.user_id)
+        if len(mine) == 1:
+            return mine[0], "message id"
+        if len(mine) > 1:
+            raise Unmatched("text ambiguous", f"{len(mine)} stored answers carry message id {clip(r.message_id)}")
         no_chat = (f"chat {clip(r.chat_id)} is not stored" if r.chat_id else "the record names no chat")
+        by_text: list[Message] = []
+        if r.answer is not None and r.answer.content is not None and r.question is not None \
+                and r.question.content is not None:
+            by_text = self.by_text(r.question.content, r.answer.content, scope)
+            mine = self.served_to(by_text, r.user_id)
+            if len(mine) == 1:
+                return mine[0], "text"
+            if mine:
+                where = f"in chat {clip(r.chat_id)}" if scope else "among the /v1 answers"
+                raise Unmatched("text ambiguous", f"{len(mine)} stored answers {where} served to this user have this "
+                                 "text under this question")
+        if by_id or by_text:
+            rater = f"Open WebUI user {clip(r.user_id)}" if r.user_id else "the record's user (it names none)"
+            raise Unmatched("not the rater's answer", f"the answer it names was served to someone else, not to "
+                             f"{rater}: a rating counts only as the feedback of the person who got the answer")
         if r.answer is None or r.answer.content is None or r.question is None or r.question.content is None:
             if scope:
                 raise Unmatched("message not found", f"no stored answer in chat {clip(r.chat_id)} has message id "
                                  f"{clip(r.message_id)}, and the snapshot has no text to match it by")
             raise Unmatched("no such chat", f"{no_chat}, and the snapshot has no text to match the answer by")
-        found = self.by_text(r.question.content, r.answer.content, scope)
-        if len(found) > 1 and scope is None:
-            found = self.owned_by(found, r.user_id) or found
-        if len(found) == 1:
-            return found[0], "text"
-        if found:
-            where = f"in chat {clip(r.chat_id)}" if scope else "among the /v1 answers"
-            raise Unmatched("text ambiguous", f"{len(found)} stored answers {where} have this text under this "
-                             "question")
         if scope:
             raise Unmatched("message not found", f"chat {clip(r.chat_id)} is stored, but no answer in it has message "
                              f"id {clip(r.message_id)} or this text under this question")
@@ -196,6 +210,7 @@ def import_ratings(records: list, source: str = "", actor: str = "cli") -> dict[
     def unmatched(i: int, reason: str, detail: str) -> None:
         results[i].update(status="unmatched", reason=reason, detail=detail)
 
+    now = utcnow()
     # one record per Open WebUI feedback id: the newest
     newest: dict[str, int] = {}
     for i, raw in enumerate(records):
@@ -204,8 +219,8 @@ def import_ratings(records: list, source: str = "", actor: str = "cli") -> dict[
             continue
         if fid in newest:
             old = newest[fid]
-            keep, drop = (i, old) if (epoch(raw.get("updated_at")) or datetime.min) > \
-                (epoch(records[old].get("updated_at")) or datetime.min) else (old, i)
+            keep, drop = (i, old) if (record_time(raw, now) or datetime.min) > \
+                (record_time(records[old], now) or datetime.min) else (old, i)
             newest[fid] = keep
             results[drop].update(status="duplicate", detail=f"record {keep + 1} has the same feedback id")
             results[keep].pop("status", None)
@@ -218,7 +233,11 @@ def import_ratings(records: list, source: str = "", actor: str = "cli") -> dict[
         if results[i].get("status") == "duplicate":
             continue
         try:
-            r = parse_rating(i, raw)
+            try:
+                r = parse_rating(i, raw, now)
+            except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as exc:
+                # a shape no check above foresaw: this record is reported, the others still import
+                raise Unmatched("malformed", f"could not be read ({type(exc).__name__})") from None
             answer, how = matcher.match(r)
         except Unmatched as exc:
             unmatched(i, exc.reason, exc.detail)

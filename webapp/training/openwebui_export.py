@@ -18,7 +18,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from werkzeug.exceptions import BadRequest
@@ -26,6 +26,8 @@ from werkzeug.exceptions import BadRequest
 from webapp.core.validation import MAX_COMMENT_CHARS, clip, feedback_changes
 
 EXPORT_PATH = "/api/v1/evaluations/feedbacks/all/export"
+# How far ahead of this server's clock a record's time may be (two servers' clocks differ a little).
+FUTURE_SKEW = timedelta(minutes=5)
 
 # Open WebUI's reason keys (older versions stored the English label, normalized to the same key)
 # -> this app's reason chips. Others are kept as text in the comment.
@@ -135,14 +137,25 @@ def _snapshot(raw: Any, message_id: str) -> tuple[Snap | None, Snap | None, list
         return Snap(mid, m["content"] if isinstance(m.get("content"), str) else None)
 
     answer = snap(message_id, "assistant")
-    parent = messages.get(messages[message_id].get("parentId")) if answer else None
+    parent_id = messages[message_id].get("parentId") if answer else None
+    parent = messages.get(parent_id) if isinstance(parent_id, str) else None
     question = snap(parent.get("id"), "user") if isinstance(parent, dict) else None
     kids = parent.get("childrenIds") if question and isinstance(parent.get("childrenIds"), list) else []
     siblings = [s for s in (snap(k, "assistant") for k in kids if k != message_id) if s is not None]
     return answer, question, siblings
 
 
-def parse_rating(index: int, raw: Any) -> Rating:
+def record_time(raw: dict, now: datetime | None = None) -> datetime | None:
+    """A record's ``updated_at`` (else ``created_at``) as naive UTC; None when it is not a time or lies
+    more than :data:`FUTURE_SKEW` ahead of ``now``: a time from the future would outrank every later
+    rating of the answer's owner, on every import, until that time came."""
+    at = epoch(raw.get("updated_at", raw.get("created_at")))
+    if at is None or at > (now or datetime.now(timezone.utc).replace(tzinfo=None)) + FUTURE_SKEW:
+        return None
+    return at
+
+
+def parse_rating(index: int, raw: Any, now: datetime | None = None) -> Rating:
     """One export record as a rating to store; raises Unmatched (malformed, not a rating)."""
     if not isinstance(raw, dict):
         raise Unmatched("malformed", "not a JSON object")
@@ -168,8 +181,10 @@ def parse_rating(index: int, raw: Any) -> Rating:
     if not isinstance(message_id, str) or not message_id:
         raise Unmatched("malformed", "meta.message_id is missing")
     chat_id = _text(meta.get("chat_id"), "meta.chat_id") or None
-    at = epoch(raw.get("updated_at", raw.get("created_at")))
+    at = record_time(raw, now)
     if at is None:
+        if epoch(raw.get("updated_at", raw.get("created_at"))) is not None:
+            raise Unmatched("malformed", "updated_at is in the future")
         raise Unmatched("malformed", "updated_at is not a time")
     user = raw.get("user")
     user_id = raw.get("user_id") or (user.get("id") if isinstance(user, dict) else None)

@@ -9,6 +9,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.support.paths import FIXTURES
 from tests.support.app import DATABASES, database_url_for, flask_cli, make_app
@@ -113,8 +115,8 @@ def test_the_recorded_export_imports_with_the_right_counts_and_twice_with_no_cha
         summary = import_ratings(records(), source=str(EXPORT))
     assert {k: summary[k] for k in ("records", "matched", "duplicate", "unmatched")} == \
         {"records": 14, "matched": 5, "duplicate": 2, "unmatched": 7}
-    assert summary["unmatched_by_reason"] == {"no such chat": 1, "message not found": 1, "text ambiguous": 1,
-                                              "not a rating": 1, "malformed": 3}
+    assert summary["unmatched_by_reason"] == {"no such chat": 1, "message not found": 1,
+                                              "not the rater's answer": 1, "not a rating": 1, "malformed": 3}
     assert summary["matched_by"] == {"message id": 2, "text": 3}
     assert summary["feedback"] == {"created": 5, "updated": 0, "unchanged": 0, "kept": 0}
     assert summary["comparisons"] == {"created": 1, "updated": 0, "unchanged": 0, "kept": 0}
@@ -123,7 +125,8 @@ def test_the_recorded_export_imports_with_the_right_counts_and_twice_with_no_cha
     assert outcome == {
         "fb-ids": ("matched", None), "fb-text-chat": ("matched", None), "fb-text-chat-older": ("duplicate", None),
         "fb-text-global": ("matched", None), "fb-arena": ("matched", None),
-        "fb-ambiguous": ("unmatched", "text ambiguous"), "fb-narrowed": ("matched", None),
+        # Carol's record has the text of Dave's and Bob's answers, neither of which she was served
+        "fb-ambiguous": ("unmatched", "not the rater's answer"), "fb-narrowed": ("matched", None),
         "fb-missing": ("unmatched", "message not found"), "fb-no-chat": ("unmatched", "no such chat"),
         "fb-other-type": ("unmatched", "not a rating"), "fb-bad-rating": ("unmatched", "malformed"),
         "#12": ("unmatched", "malformed"), "fb-no-meta": ("unmatched", "malformed")}
@@ -176,13 +179,13 @@ def test_newer_feedback_wins_whichever_side_wrote_it(app):
 
         changed = records()
         for raw in (changed[0], changed[-1]):  # the user re-rated in Open WebUI after that: thumbs up again
-            raw["updated_at"] = int(utcnow().timestamp()) + 3600
+            raw["updated_at"] = int(utcnow().timestamp()) + 60  # later (within the allowed clock skew)
         assert import_ratings(changed)["feedback"]["updated"] == 1
         assert db.session.scalars(db.select(Feedback).filter_by(message_id=ids["a1"])).one().thumb == "up"
 
         flipped = copy.deepcopy(changed)  # the arena answer now thumbs down: the sibling wins the vote
         flipped[4]["data"]["rating"] = -1
-        flipped[4]["updated_at"] = int(utcnow().timestamp()) + 3600
+        flipped[4]["updated_at"] = int(utcnow().timestamp()) + 60
         summary = import_ratings(flipped)
         assert summary["comparisons"] == {"created": 0, "updated": 1, "unchanged": 0, "kept": 0}
         assert db.session.scalars(db.select(Comparison)).one().winner == "b"
@@ -211,7 +214,7 @@ def test_cli_counts_json_and_one_line_errors(app, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "14 records: 5 matched, 2 duplicate, 7 unmatched" in result.output
     assert "feedback: 5 created, 0 updated, 0 unchanged" in result.output
-    assert ("unmatched: no such chat 1, message not found 1, text ambiguous 1, not a rating 1, malformed 3"
+    assert ("unmatched: no such chat 1, message not found 1, not the rater's answer 1, not a rating 1, malformed 3"
             in result.output)
     assert "record 9 (id fb-no-chat): no such chat: chat chat-9999 is not stored" in result.output
 
@@ -247,3 +250,109 @@ def test_malformed_records_are_reported_not_raised(app):
         summary = import_ratings(odd)
     assert summary["unmatched"] == len(odd) and summary["unmatched_by_reason"] == {"malformed": len(odd)}
     assert all(r["detail"] for r in summary["results"])
+
+
+def _as(raw: dict, user: str, **meta) -> dict:
+    """``raw`` as another Open WebUI user's record (a new feedback id), with ``meta`` changed."""
+    forged = copy.deepcopy(raw)
+    forged["id"], forged["user_id"] = f"fb-{user}-{len(meta)}-{uuid.uuid4().hex[:6]}", user
+    forged["meta"].update(meta)
+    return forged
+
+
+def test_a_rating_binds_to_its_rater_never_to_whoever_got_the_answer(app):
+    """Open WebUI's ``meta`` and ``snapshot`` come from the rater's browser: a record that names another
+    person's chat, message or answer text is reported, and nobody's feedback is written for it. (Before,
+    each of these became Alice's or Bob's feedback.)"""
+    ids = store_answers(app)
+    base = records()
+    alice_ids, alice_text, bob_arena = base[0], base[1], base[4]
+    forged = [
+        _as(alice_ids, "owui-user-mallory"),  # Alice's chat and message ids, Alice's text
+        _as(alice_text, "owui-user-mallory", chat_id="chat-never-stored"),  # her answer's text alone
+        _as(alice_text, "owui-user-bob"),  # Bob rates Alice's answer by its text in her chat
+        _as(bob_arena, "owui-user-alice"),  # and Alice Bob's arena answer
+        _as(alice_ids, "key:1"),  # an id shaped like the key's own user
+        {**{k: v for k, v in _as(alice_ids, "x").items() if k != "user"}, "user_id": None},  # no user at all
+    ]
+    with app.app_context():
+        summary = import_ratings(forged)
+        assert summary["matched"] == 0, summary["results"]
+        assert summary["unmatched_by_reason"] == {"not the rater's answer": len(forged)}
+        assert "served to someone else, not to Open WebUI user owui-user-mallory" in summary["results"][0]["detail"]
+        assert db.session.scalar(db.select(db.func.count(Feedback.id))) == 0
+        assert db.session.scalar(db.select(db.func.count(Comparison.id))) == 0
+
+        # the owners' own records still match, beside the forged ones
+        summary = import_ratings(forged + [alice_ids, bob_arena])
+        assert summary["matched"] == 2 and summary["unmatched"] == len(forged)
+        rated = {f.message_id: f.user_id for f in db.session.scalars(db.select(Feedback))}
+        owner = {m.id: m.conversation.user_id for m in db.session.scalars(db.select(Message))}
+        assert rated == {ids["a1"]: owner[ids["a1"]], ids["a4a"]: owner[ids["a4a"]]}
+
+
+def test_a_time_from_the_future_never_outranks_the_owners_own_feedback(app):
+    """A record dated next year used to overwrite the owner's later rating on every import."""
+    ids = store_answers(app)
+    with app.app_context():
+        import_ratings(records())
+        alice = db.session.get(Message, ids["a1"]).conversation.user_id
+        from webapp.core.feedback import save_feedback
+
+        save_feedback(alice, ids["a1"], {"thumb": "down"})  # Alice changes her mind in the app
+        future = records()[0]
+        future["updated_at"] = int(utcnow().timestamp()) + 365 * 86400
+        for _ in range(2):
+            summary = import_ratings([future])
+            assert summary["results"][0]["status"] == "unmatched"
+            assert summary["results"][0]["reason"] == "malformed"
+            assert "in the future" in summary["results"][0]["detail"]
+            assert db.session.scalars(db.select(Feedback).filter_by(message_id=ids["a1"])).one().thumb == "down"
+        future["updated_at"] = int(utcnow().timestamp()) + 30  # a clock a little ahead: still a rating
+        assert import_ratings([future])["results"][0]["status"] == "matched"
+
+
+def test_a_record_of_an_unforeseen_shape_is_skipped_and_the_rest_imports(app):
+    """A snapshot ``parentId`` that is a list stopped the whole import (TypeError: unhashable type) and,
+    through the pull, every later one; the genuine record beside it was lost."""
+    ids = store_answers(app)
+    base = records()
+    odd = copy.deepcopy(base[1])  # matched by text: the snapshot is read
+    odd["id"] = "fb-odd"
+    messages = odd["snapshot"]["chat"]["chat"]["history"]["messages"]
+    rated = messages[odd["meta"]["message_id"]]
+    rated["parentId"] = [rated["parentId"]]
+    with app.app_context():
+        summary = import_ratings([odd, base[0]])
+        assert [r["status"] for r in summary["results"]] == ["unmatched", "matched"]
+        assert summary["results"][0]["reason"] in ("malformed", "no such chat", "message not found")
+        assert db.session.scalars(db.select(Feedback).filter_by(message_id=ids["a1"])).one().thumb == "up"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                    max_leaves=12),
+       st.sampled_from(["id", "user_id", "type", "data", "meta", "snapshot", "updated_at", "parentId", "childrenIds",
+                        "rating", "details", "content", "role", "chat_id", "message_id", "sibling_model_ids"]))
+def test_any_value_anywhere_in_a_record_is_reported_not_raised(app, value, field):
+    """Whatever JSON stands in any field at any depth of a real record, the import reports that record and
+    goes on."""
+    base = records()[1]
+    record = copy.deepcopy(base)
+
+    def put(node) -> None:  # the value in every place that field name appears
+        if isinstance(node, dict):
+            for k in list(node):
+                if k == field:
+                    node[k] = value
+                else:
+                    put(node[k])
+        elif isinstance(node, list):
+            for item in node:
+                put(item)
+
+    put(record)
+    with app.app_context():
+        summary = import_ratings([record, {"id": 1}])
+    assert summary["records"] == 2 and all(r.get("status") for r in summary["results"])
