@@ -363,3 +363,34 @@ def test_evaluation_samples_keep_the_end_of_prompts_longer_than_the_context(micr
     texts, prompt_ids, answer_ids = sample_answers(model, tok, [long, "User: hi\nAssistant:"], EvalSettings(max_new_tokens=8))
     assert len(texts) == 2 and len(prompt_ids[0]) + 8 <= model.config.n_positions
     assert tok.decode(prompt_ids[0]).endswith("Assistant:")
+
+
+def test_the_judge_scores_only_its_own_questions_and_a_repeated_question_counts_once(
+        micro_model_dir, reward_dir, dpo_candidate, monkeypatch):
+    """As rlhf.cycle.evaluation_prompts lays them out on a small deployment: 3 held-out questions asked
+    twice for the judge, then 4 training questions for the KL and degeneration checks. The judge
+    scores the 6 judged askings and nothing else; the summaries behind the degeneration checks see each
+    of the 7 distinct questions once; the examples show each question once."""
+    from rlhf.gate import evaluation
+
+    rm_path, metrics = reward_dir
+    asked = prompts(7)
+    heldout, train = asked[:3], asked[3:]
+    spp = EvalSettings().samples_per_prompt
+    scored: list[int] = []  # how many answers each reward-model pass scored
+    summarized: list[int] = []  # how many answers each summary (reward, distinct-2, repetition) counted
+    real_scores, real_summary = evaluation._scores, evaluation._summary
+    monkeypatch.setattr(evaluation, "_scores", lambda d, dev, tok, texts, answers: (
+        scored.append(len(texts)), real_scores(d, dev, tok, texts, answers))[1])
+    monkeypatch.setattr(evaluation, "_summary", lambda texts, *rest: (
+        summarized.append(len(texts)), real_summary(texts, *rest))[1])
+    result = evaluate_candidate(dpo_candidate, micro_model_dir, rm_path, heldout * 2 + train, device="cpu",
+                                settings=EvalSettings(max_new_tokens=16), heldout_pairs=clean_pairs(12, 7),
+                                judge_dir=rm_path, judged_prompts=6,
+                                judge_info={"accuracy": metrics["heldout_accuracy"], "accuracy_pairs": 50})
+    assert result["prompts"] == 10 and result["samples"] == 10 * spp
+    assert scored == [10 * spp, 6 * spp]  # the run's reward model: every answer; the judge: its 6 askings only
+    assert result["judge"]["prompts"] == 6  # the judge's paired test has one unit per judged asking
+    assert summarized == [7 * spp, 7 * spp]  # parent and candidate: each distinct question once
+    shown = [e["prompt"] for e in result["examples"]]
+    assert len(shown) == 6 and len(set(shown)) == 6

@@ -43,16 +43,23 @@ def test_arms_are_sticky_per_end_user_across_keys_and_never_shown(experiment_app
             text = resp.get_data(as_text=True)
             completions[person].append(json.loads(text.split("data: ", 1)[1].split("\n", 1)[0])["id"]
                                        if extra.get("stream") else resp.get_json()["id"])
-        call("POST", "/v1/feedback", "front-1", {"completion_id": completions[person][0], "thumb": "up",
-                                                 "user": person})
-        call("POST", "/v1/chat/completions", "elsewhere", {"model": MODEL, "user": person,
-                                                           "messages": [{"role": "user", "content": "Hi"}]})
+        rated = call("POST", "/v1/feedback", "front-1", {"completion_id": completions[person][0], "thumb": "up",
+                                                         "user": person})
+        assert rated.status_code == 200 and rated.get_json()["feedback"]["thumb"] == "up"  # a body worth scanning
+        other = call("POST", "/v1/chat/completions", "elsewhere", {"model": MODEL, "user": person,
+                                                                   "messages": [{"role": "user", "content": "Hi"}]})
+        assert other.status_code == 200
     call("GET", "/v1/models", "front-1")
     call("GET", f"/v1/models/{MODEL}", "front-2")
     call("GET", "/v1/models/gpt-4o", "front-2")
     call("POST", "/v1/chat/completions", "front-1", {"model": MODEL, "messages": []})
     call("POST", "/v1/feedback", "front-2", {"completion_id": completions[people[0]][0], "thumb": "down"})
-    assert {status for _, status, _ in seen} >= {200, 400, 404}
+    # every kind of answer was scanned: successes of each call, refusals, unknowns -- and no server error
+    statuses = {(where.split(" (")[0], status) for where, status, _ in seen}
+    assert {("POST /v1/feedback", 200), ("POST /v1/chat/completions", 200), ("GET /v1/models", 200),
+            ("POST /v1/chat/completions", 400), ("GET /v1/models/gpt-4o", 404)} <= statuses
+    assert ("POST /v1/feedback", 404) in statuses  # another key's user cannot rate person 0's answer
+    assert all(status < 500 for _, status, _ in seen)
 
     with app.app_context():
         experiment = db.session.scalars(db.select(Experiment).filter_by(key=KEY)).one()

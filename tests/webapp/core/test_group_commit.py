@@ -72,18 +72,25 @@ def test_writes_queued_behind_a_busy_database_commit_together(engine, tmp_path):
 
 
 def test_a_failing_write_fails_alone(engine, tmp_path):
+    """A write that breaks a constraint, queued in one transaction with two good ones: the group is
+    retried write by write, so only that caller gets the error."""
     writer = GroupCommitWriter(engine)
+    sizes: list[int] = []  # every transaction the writer tries, by its number of writes
+    attempt = writer._write
+    writer._write = lambda batch: (sizes.append(len(batch)), attempt(batch))[1]
     blocker = sqlite3.connect(tmp_path / "g.db", timeout=15)
     blocker.execute("BEGIN IMMEDIATE")
-    jobs = [(1, 1), (2, 2), (3, None), (4, 4)]  # v NULL breaks NOT NULL: that write and only that one fails
-    results, threads = _write_all(writer, jobs)
-    deadline = time.monotonic() + 30
-    while len(writer._queue) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    results, threads = _write_all(writer, [(1, 1)])  # taken alone; waits for the lock
+    _wait_until(lambda: writer._thread is not None and not writer._queue, "the writer took the first write")
+    more, more_threads = _write_all(writer, [(2, 2), (3, None), (4, 4)])  # v NULL breaks NOT NULL
+    _wait_until(lambda: len(writer._queue) == 3, "the other three writes are queued")
     blocker.rollback()
     blocker.close()
-    for t in threads:
+    for t in threads + more_threads:
         t.join(30)
+        assert not t.is_alive()
+    results.update({i + 1: r for i, r in more.items()})
+    assert sizes == [1, 3, 1, 1, 1]  # the three together, then each alone
     assert isinstance(results[2], IntegrityError)
     assert {i: r for i, r in results.items() if i != 2} == {0: (1, 1), 1: (2, 2), 3: (4, 4)}
     with engine.connect() as conn:
