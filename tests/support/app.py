@@ -79,6 +79,7 @@ def route_sweep_app(tmp_path_factory, request, name: str, micro_model_dir: Path)
     limit = "1000000 per minute"  # rate limits are not what these modules test
     application = make_app(tmp_path_factory.mktemp(name) / "instance", **overrides,
                            RLHF_MAX_NEW_TOKENS=4, RLHF_RETRAIN_MIN_FEEDBACK=0, RLHF_LOGIN_RATE_LIMIT=limit,
+                           RLHF_LOGIN_RATE_LIMIT_PER_ADDRESS=limit,
                            RLHF_CHAT_RATE_LIMIT=limit, RLHF_CHAT_RATE_LIMIT_PER_ADDRESS=limit,
                            RLHF_FEEDBACK_RATE_LIMIT=limit, RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS=limit,
                            RLHF_ACCOUNT_RATE_LIMIT=limit, RLHF_API_RATE_LIMIT=limit)

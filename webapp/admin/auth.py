@@ -1,22 +1,27 @@
-"""Admin accounts: hashed passwords, login/logout pages (rate-limited), route guards; an admin
-signing a user out everywhere. Sessions themselves (revocation, lifetimes): webapp/core/signin.py."""
+"""Admin accounts: hashed passwords, login/logout pages (rate-limited per address, and per name from
+one address), failed sign-ins recorded for the overview, route guards; an admin signing a user out
+everywhere. Sessions themselves (revocation, lifetimes): webapp/core/signin.py."""
 from __future__ import annotations
 
 import functools
 import re
 import sys
+from datetime import timedelta
 from typing import Callable
 
 import click
 from flask import Blueprint, current_app, flash, jsonify, redirect, render_template, request, url_for
+from flask_limiter.util import get_remote_address
 from flask_login import current_user
+from sqlalchemy.exc import IntegrityError
 from werkzeug.exceptions import BadRequest, NotFound
 from werkzeug.security import generate_password_hash
 
 from webapp.core.audit import audit
 from webapp.core.extensions import db, limiter
 from webapp.core.identity import is_admin
-from webapp.core.models import User
+from webapp.core.models import SigninFailure, User, utcnow
+from webapp.core.security import address_key
 from webapp.core.signin import (check_password, clean_username, end_all_sessions, find_user, sign_in, sign_out,
                                 username_key)
 
@@ -58,16 +63,27 @@ def _safe_next(target: str | None) -> str:
     return url_for("admin_pages.overview")
 
 
+# Sign-in attempts are limited per client address (whatever the name) and per name *from that
+# address* -- never per name across addresses: that let anyone lock an admin out by sending wrong
+# passwords for their name from elsewhere (the right password from a fresh address got a 429).
+# Every attempt counts, right or wrong: counting only failures would be checked before the
+# password and counted after it, so a burst of parallel guesses would all pass the check.
+
 def _login_limit() -> str:
     return current_app.config["RLHF_LOGIN_RATE_LIMIT"]
 
 
+def _login_address_limit() -> str:
+    return current_app.config["RLHF_LOGIN_RATE_LIMIT_PER_ADDRESS"]
+
+
 def _login_username_key() -> str:
-    return username_key(request.form.get("username") or "")[:80]
+    return f"{get_remote_address()}|{username_key(request.form.get('username') or '')[:80]}"
 
 
 @bp.route("/login", methods=["GET", "POST"])
-@limiter.limit(_login_limit, methods=["POST"], error_message="Too many login attempts from your network address.")
+@limiter.limit(_login_address_limit, methods=["POST"], key_func=address_key, scope="login-address",
+               error_message="Too many login attempts from your network address.")
 @limiter.limit(_login_limit, methods=["POST"], key_func=_login_username_key,
                scope="login-user", error_message="Too many login attempts for this username.")
 def login():
@@ -81,8 +97,37 @@ def login():
         if check_password(user if user is not None and user.is_admin else None, password):
             sign_in(user)
             return redirect(_safe_next(request.args.get("next")))
+        record_failure(username)
         error = "Wrong username or password."
     return render_template("admin/login.html", error=error), (401 if error else 200)
+
+
+# ---------------------------------------------------------------------------- failed sign-ins
+
+FAILURES_KEPT = timedelta(days=7)
+
+
+def record_failure(username: str) -> None:
+    """Count a failed sign-in for (the name as compared, the client address); rows a week past their
+    last failure are dropped on the way."""
+    name, address, now = username_key(username)[:80], get_remote_address()[:64], utcnow()
+    db.session.execute(db.delete(SigninFailure).where(SigninFailure.last_at < now - FAILURES_KEPT))
+    where = (SigninFailure.username == name, SigninFailure.address == address)
+    bump = db.update(SigninFailure).where(*where).values(failures=SigninFailure.failures + 1, last_at=now)
+    if db.session.execute(bump).rowcount == 0:
+        try:
+            with db.session.begin_nested():
+                db.session.add(SigninFailure(username=name, address=address, failures=1, first_at=now, last_at=now))
+        except IntegrityError:  # the same name and address failed at the same moment in another request
+            db.session.execute(bump)
+    db.session.commit()
+
+
+def recent_failures(limit: int = 20) -> list[SigninFailure]:
+    """Failed sign-ins of the last week, the latest first (the overview's table)."""
+    since = utcnow() - FAILURES_KEPT
+    return list(db.session.scalars(db.select(SigninFailure).where(SigninFailure.last_at >= since)
+                                   .order_by(SigninFailure.last_at.desc(), SigninFailure.id.desc()).limit(limit)))
 
 
 @bp.post("/logout")

@@ -15,7 +15,7 @@ from rlhf.algorithms import ALGORITHMS
 from rlhf.data.criteria import FLAG_CATEGORIES
 from rlhf.settings import CycleSettings
 
-from webapp.admin.auth import admin_page
+from webapp.admin.auth import admin_page, recent_failures
 from webapp.admin.charts import curve_figures, line_chart
 from webapp.admin.feedback_browser import feedback_page
 from webapp.admin.raters import RATER_FILTERS, SORTS, STATUS_FILTERS, rater_page, trust_section
@@ -139,7 +139,7 @@ def overview():
     return render_template("admin/overview.html", stats=stats, feedback=feedback_summary(since),
                            active=active_version(), experiment=exp, summary=summary,
                            runs=[run_dict(r) for r in runs], events=events, scheduler=scheduler_summary(),
-                           problems=serving_problems())
+                           problems=serving_problems(), signin_failures=recent_failures())
 
 
 def experiment_defaults(versions: list[ModelVersion], active: ModelVersion | None

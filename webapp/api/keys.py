@@ -9,11 +9,11 @@ import secrets
 from typing import Any
 
 import click
-from limits import parse_many
 
 from webapp.core.audit import audit
 from webapp.core.extensions import db
 from webapp.core.models import ApiKey, User, iso, utcnow
+from webapp.core.settings.fields import rate_limit_problem
 
 KEY_PREFIX = "rlhf-"
 SHOWN_PREFIX_CHARS = 12  # "rlhf-" and 7 random characters: enough to tell keys apart in a list
@@ -41,10 +41,9 @@ def _checked_rate_limit(value: str | None) -> str | None:
         return None
     if not isinstance(value, str) or len(value) > 100:
         raise KeyProblem("The rate limit must be text such as '600 per minute' (at most 100 characters).")
-    try:
-        parse_many(value)
-    except ValueError:
-        raise KeyProblem(f"{value!r} is not a rate limit (e.g. '600 per minute' or '60 per minute; 1000 per day').")
+    problem = rate_limit_problem(value)  # the settings' own check: '1 per 0 second' is refused, not read as 1/s
+    if problem:
+        raise KeyProblem(f"{value!r} {problem}.")
     return value
 
 

@@ -4,6 +4,7 @@ in OpenAI's shape (naming the ``param``) for a wrong type or value. Fields this 
 from __future__ import annotations
 
 import math
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,6 @@ from flask import current_app, request
 from webapp.api.errors import ApiError
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-MAX_MESSAGES = 1000
 MAX_STOPS = 4
 MAX_STOP_CHARS = 200
 MAX_SEED = 2**63 - 1
@@ -79,6 +79,14 @@ def text_value(value: str, param: str) -> str:
     return value
 
 
+def header_text(value: str | None, name: str) -> str | None:
+    """A request header's value as the app reads it; 400 naming the header for a control character
+    (gunicorn refuses most of them before the app sees the request, other servers and proxies may not)."""
+    if value is not None and any(unicodedata.category(c) == "Cc" for c in value):
+        raise ApiError(400, f"The {name} header must not contain control characters.", name, "invalid_header")
+    return value
+
+
 def _content(value: Any, param: str) -> str:
     """A message's text: a string, or a list of text parts (joined by newlines)."""
     if isinstance(value, str):
@@ -100,10 +108,14 @@ def _content(value: Any, param: str) -> str:
 def _messages(value: Any) -> tuple[dict[str, str], ...]:
     if not isinstance(value, list) or not value:
         raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects.", "messages")
-    if len(value) > MAX_MESSAGES:
-        raise ApiError(400, f"'messages' has {len(value)} messages; the limit is {MAX_MESSAGES}.", "messages")
-    limit = int(current_app.config["RLHF_MAX_MESSAGE_CHARS"])
-    out = []
+    # Bounds of one request's work: every message of a new history is parsed, matched and stored.
+    cfg = current_app.config
+    most, history_limit = int(cfg["RLHF_API_MAX_MESSAGES"]), int(cfg["RLHF_API_MAX_HISTORY_CHARS"])
+    if len(value) > most:
+        raise ApiError(400, f"'messages' has {len(value)} messages; the limit is {most}. Send the recent history "
+                            "only.", "messages", "array_above_max_length")
+    limit = int(cfg["RLHF_MAX_MESSAGE_CHARS"])
+    out, total = [], 0
     for i, message in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -117,7 +129,11 @@ def _messages(value: Any) -> tuple[dict[str, str], ...]:
         if len(content) > limit:
             raise ApiError(400, f"'{where}.content' is too long ({len(content)} characters; the limit is {limit}).",
                            f"{where}.content")
+        total += len(content)
         out.append({"role": ROLES[role], "content": content})
+    if total > history_limit:
+        raise ApiError(400, f"The messages hold {total} characters; the limit is {history_limit}. Send the recent "
+                            "history only.", "messages", "context_length_exceeded")
     if out[-1]["role"] != "user" or not out[-1]["content"]:
         raise ApiError(400, "The last message must be the user's question (role 'user', not empty).", "messages")
     return tuple(out)

@@ -5,8 +5,9 @@ object), in ``safety_identifier``, or -- only for keys marked as a front end tha
 headers -- in ``X-OpenWebUI-User-Id``; a request that names nobody is the key's own user. Each
 maps to one stable ``users`` row, ``anon_id = "api-" + sha256(client NUL external id)[:56]``, the
 same for every key of one client: A/B assignment stays hash-consistent per person across requests
-and keys. A new API user counts against the new-identity limit of its key (not of an address),
-so one key cannot mint unlimited raters; its origin records the key the same way."""
+and keys; no end user's id can name a key's own user (``key:<id>``, webapp/core/identity.py). A
+new API user counts against the new-identity limit of its key (not of an address), so one key
+cannot mint unlimited raters; its origin records the key the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,8 +17,9 @@ from flask import request
 from sqlalchemy.exc import IntegrityError
 
 from webapp.api.errors import ApiError
+from webapp.api.params import header_text
 from webapp.core.extensions import db
-from webapp.core.identity import address_hash, api_anon_id
+from webapp.core.identity import address_hash, api_anon_id, api_key_anon_id
 from webapp.core.models import IdentityOrigin, User
 from webapp.core.security import check_new_identity_limit
 
@@ -49,6 +51,8 @@ def _user_value(value: Any, param: str, objects: bool = False) -> str | None:
         raise ApiError(400, f"'{param}' must be {allowed} (the end user's id).", param)
     if len(value) > MAX_USER_CHARS:
         raise ApiError(400, f"'{param}' is too long ({len(value)} characters; the limit is {MAX_USER_CHARS}).", param)
+    if "\x00" in value:  # never in an id: the escape of ids that look like a key's own identity (core.identity)
+        raise ApiError(400, f"'{param}' must not contain NUL characters.", param)
     return value.strip() or None
 
 
@@ -58,7 +62,7 @@ def external_user(key: KeyInfo, body: dict[str, Any], fields: tuple[str, ...] = 
     trusted to send it (ignored otherwise), else the first of ``fields`` that is given."""
     named = [_user_value(body.get(field), field, objects=field == "user") for field in fields]
     if key.forwards_user_headers:
-        header = _user_value(request.headers.get(USER_HEADER), USER_HEADER)
+        header = _user_value(header_text(request.headers.get(USER_HEADER), USER_HEADER), USER_HEADER)
         if header:
             return header
     return next((value for value in named if value), None)
@@ -73,7 +77,7 @@ _BY_ANON_ID = db.select(User).where(User.anon_id == db.bindparam("anon_id"))
 def api_user(key: KeyInfo, external_id: str | None, create: bool = True) -> User | None:
     """The app user behind a request: found, or (``create``) made now -- 429 when the key made
     ``RLHF_NEW_IDENTITIES_PER_HOUR`` new users within the hour."""
-    anon_id = anon_id_for(key.client, external_id if external_id is not None else f"key:{key.id}")
+    anon_id = anon_id_for(key.client, external_id) if external_id is not None else api_key_anon_id(key.client, key.id)
     user = db.session.scalars(_BY_ANON_ID, {"anon_id": anon_id}).first()
     if user is not None or not create:
         return user

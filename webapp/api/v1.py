@@ -19,7 +19,7 @@ from webapp.api import completions
 from webapp.api.errors import ApiError, api_error_response
 from webapp.api.errors import init_app as init_errors
 from webapp.api.keys import find_key, record_use
-from webapp.api.params import completion_request, json_object, text_value
+from webapp.api.params import completion_request, header_text, json_object, text_value
 from webapp.api.users import KeyInfo, api_user, external_user
 from webapp.chat.conversations import feedback_dict, flag_dict
 from webapp.chat.feedback import save_feedback
@@ -103,11 +103,11 @@ def get_model(model_id: str):
 
 
 def _header(name: str) -> str | None:
-    value = request.headers.get(name)
+    value = header_text(request.headers.get(name), name)
     if value is None or not value.strip():
         return None
     if len(value) > MAX_HEADER_CHARS:
-        raise ApiError(400, f"The {name} header is too long (at most {MAX_HEADER_CHARS} characters).")
+        raise ApiError(400, f"The {name} header is too long (at most {MAX_HEADER_CHARS} characters).", name)
     return text_value(value.strip(), name)
 
 

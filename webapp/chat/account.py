@@ -41,8 +41,10 @@ def _limit() -> str:
 
 
 def _username_key() -> str:
-    """The per-username limit's key: the body's username (sign-in, registration), else the
-    signed-in account's (password change); one normalisation with the lookups (signin.username_key)."""
+    """The per-username limit's key: the client address with the body's username (sign-in,
+    registration), else the signed-in account's (password change); one normalisation with the
+    lookups (signin.username_key). Per address, never across addresses: that let anyone lock an
+    account out with wrong passwords from elsewhere."""
     try:
         data = request.get_json(silent=True)
     except RecursionError:  # nested too deeply to parse: the view answers 400 for it
@@ -50,11 +52,11 @@ def _username_key() -> str:
     name = data.get("username") if isinstance(data, dict) else None
     if name is None and current_user.is_authenticated:
         name = current_user.username
-    return "account-user:" + username_key(name)[:64]
+    return f"account-user:{address_key()}|{username_key(name)[:64]}"
 
 
 def account_limit(view):
-    """Sign-in and registration attempts: per client address and per username."""
+    """Sign-in and registration attempts: per client address, and per username from one address."""
     by_address = limiter.shared_limit(_limit, scope="account-address", key_func=address_key,
                                       error_message="Too many sign-in attempts from your network address.")
     by_username = limiter.shared_limit(_limit, scope="account-user", key_func=_username_key,

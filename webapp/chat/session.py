@@ -9,6 +9,7 @@ from flask import Blueprint, current_app, jsonify
 from flask_login import current_user
 from flask_wtf.csrf import generate_csrf
 
+from webapp.core.display import mask_url
 from webapp.core.identity import current_visitor, is_admin
 from webapp.core.models import active_version
 from webapp.experiments.assignment import assign, running_experiment
@@ -57,5 +58,5 @@ def health():
     if problem is not None:
         body.update(serving=problem["serving"], problem=problem["error"])
     if url:
-        body["backend"] = {"kind": "inference_server", "url": url, "problem": unreachable}
+        body["backend"] = {"kind": "inference_server", "url": mask_url(url), "problem": unreachable}
     return jsonify(body)

@@ -14,12 +14,17 @@ from webapp.cli.common import ensure_model
 # by one batching thread per model): 32 threads serve 32 users streaming at once.
 SERVE_DEFAULTS = {"workers": 1, "threads": 32}
 
+# gunicorn's default access log line holds the request line with its query string (%(r)s) and the
+# referrer (%(f)s, a full URL of this site's own pages): a search term or a token sent in a URL would
+# be written to the log. This one has the path without the query, and no referrer.
+ACCESS_LOG_FORMAT = '%(h)s %(l)s %(u)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s "%(a)s"'
+
 
 def gunicorn_settings(host: str, port: int, workers: int, threads: int) -> dict:
     """The production server's gunicorn settings (benchmarks serve their baselines with them too)."""
     return {"bind": f"{host}:{port}", "workers": workers, "threads": threads, "worker_class": "gthread",
             "timeout": 300,  # a streamed answer may take a while on a slow CPU
-            "accesslog": "-"}
+            "accesslog": "-", "access_log_format": ACCESS_LOG_FORMAT}
 
 
 @click.command("serve")

@@ -1,9 +1,12 @@
 """Paths and text as the dashboard shows them: relative to the instance folder (or the model
-store), so the API and pages never reveal where the instance lives on disk."""
+store), so the API and pages never reveal where the instance lives on disk; URLs without the
+credentials they may carry."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from flask import current_app
 
@@ -50,3 +53,30 @@ def display_text(text: str | None) -> str | None:
             for base in {str(Path(root)), str(Path(root).resolve())}:
                 text = text.replace(base.rstrip("/") + "/", "")
     return text
+
+
+MASK = "***"
+_TOKEN_NAME = re.compile(r"key|token|secret|passw|pwd|auth|sig|credential|session", re.I)
+
+
+def mask_url(value: str) -> str:
+    """``value`` with a URL's user and password (``https://user:pass@host``: both, since a token is
+    often sent as the user alone) and the values of its token-like query parameters (``?token=``,
+    ``api_key=``, ...) replaced by ``***``; anything else unchanged."""
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return value
+    if not parts.scheme or not parts.netloc:
+        return value
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = MASK + "@" + netloc.rpartition("@")[2]
+    pieces = []
+    for piece in parts.query.split("&") if parts.query else []:
+        name, eq, given = piece.partition("=")
+        pieces.append(f"{name}={MASK}" if eq and given and _TOKEN_NAME.search(unquote(name)) else piece)
+    query = "&".join(pieces)
+    if (netloc, query) == (parts.netloc, parts.query):
+        return value
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))

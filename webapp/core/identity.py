@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from datetime import datetime
 
@@ -69,12 +70,30 @@ def address_hash(address: str) -> str:
     return hmac.new(key, address.encode(), hashlib.sha256).hexdigest()
 
 
+def _api_digest(client: str, name: str) -> str:
+    return "api-" + hashlib.sha256(f"{client}\0{name}".encode("utf-8", "surrogatepass")).hexdigest()[:56]
+
+
+# A key's own identity (a request that names no end user) is the digest of "key:<id>" under the
+# key's client -- the very digest an end user *named* "key:<id>" used to get, so a front end could
+# forward ``user: "key:7"`` and act as key 7's own user. Identities are stored (``users.anon_id``)
+# and both derivations already have users, conversations, feedback and A/B arms, so neither can
+# change without orphaning them: instead the one colliding form of an end user's id is escaped
+# (a NUL before it, which no end user's id can hold: webapp/api/users.py refuses NUL), and every
+# other id keeps its digest.
+_KEY_IDENTITY = re.compile(r"key:[0-9]+")
+
+
 def api_anon_id(client: str, external_id: str) -> str:
     """The ``users.anon_id`` of an end user of the /v1 API: one per (front end, its user id), so
     the same person through any key of one client is one user (webapp/api/users.py), and the Open
-    WebUI import finds them again (webapp/training/openwebui.py)."""
-    digest = hashlib.sha256(f"{client}\0{external_id}".encode("utf-8", "surrogatepass")).hexdigest()
-    return "api-" + digest[:56]
+    WebUI import finds them again (webapp/training/openwebui.py). Never a key's own identity."""
+    return _api_digest(client, "\0" + external_id if _KEY_IDENTITY.fullmatch(external_id) else external_id)
+
+
+def api_key_anon_id(client: str, key_id: int) -> str:
+    """The ``users.anon_id`` of a /v1 key's own user: requests that name no end user."""
+    return _api_digest(client, f"key:{key_id}")
 
 
 def current_visitor(create: bool = True) -> User | None:

@@ -325,6 +325,21 @@ class IdentityOrigin(db.Model):
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class SigninFailure(db.Model):
+    """Failed admin sign-ins, one row per (name tried, client address): how many and when, for the
+    dashboard's overview (webapp/admin/auth.py). The address is stored as it is -- the one place
+    besides the logs -- and rows are dropped a week after their last failure."""
+
+    __tablename__ = "signin_failures"
+    __table_args__ = (UniqueConstraint("username", "address", name="uq_signin_failures_username_address"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    username: Mapped[str] = mapped_column(String(80))  # as compared (webapp.core.signin.username_key), cut to 80
+    address: Mapped[str] = mapped_column(String(64))
+    failures: Mapped[int] = mapped_column(Integer, default=1)
+    first_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    last_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, index=True)
+
+
 # ---------------------------------------------------------------------------- flags
 
 _FLAG_CATEGORIES_SQL = "(" + ", ".join(f"'{v}'" for v in FLAG_VALUES) + ")"

@@ -4,7 +4,8 @@ Every response carries a Content-Security-Policy without inline scripts or style
 load their CSS/JS from /static and put all user text in with ``textContent`` or Jinja's
 autoescaping), ``nosniff``, ``DENY`` framing and a same-origin referrer; with
 ``RLHF_COOKIE_SECURE`` (served over HTTPS) also HSTS. A request body over ``RLHF_MAX_REQUEST_MB``
-(Flask's MAX_CONTENT_LENGTH) is refused with 413 before anything reads it.
+(Flask's MAX_CONTENT_LENGTH) is refused with 413 before anything reads it; one without a
+Content-Length (chunked) is read up to one byte past the limit first.
 
 Rate limits (Flask-Limiter: the limiter in webapp/core/extensions.py, the limits are settings,
 ``RLHF_*_RATE_LIMIT`` in webapp/core/settings/fields.py) count per user (the signed session
@@ -17,11 +18,12 @@ with a ``Retry-After`` header: JSON ``{"error": ...}`` for the API, a readable p
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import time
 from typing import Callable
 
-from flask import Flask, current_app, make_response, request, session
+from flask import Flask, current_app, g, make_response, request, session
 from flask_limiter import RateLimitExceeded
 from flask_limiter.util import get_remote_address
 from flask_login import current_user
@@ -151,8 +153,27 @@ def init_app(app: Flask) -> None:
 
     def refuse_large_bodies():
         limit = app.config.get("MAX_CONTENT_LENGTH")
-        if limit is not None and request.content_length is not None and request.content_length > limit:
-            raise RequestEntityTooLarge()
+        if limit is None:
+            return
+        if request.content_length is not None:
+            if request.content_length > limit:
+                raise RequestEntityTooLarge()
+            return
+        environ = request.environ
+        if environ.get("wsgi.input_terminated") and "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+            # A body without a Content-Length (chunked; gunicorn ends the stream): werkzeug would stop
+            # reading it at the limit without a word, and the cut JSON would be a 400. Read it here,
+            # one byte past the limit at most, and put back what was read.
+            stream, body = environ["wsgi.input"], bytearray()
+            while len(body) <= limit:
+                data = stream.read(limit + 1 - len(body))  # a raw stream may return less than asked
+                if not data:
+                    break
+                body += data
+            if len(body) > limit:
+                g.body_too_large = True
+                raise RequestEntityTooLarge()
+            environ["wsgi.input"] = io.BytesIO(bytes(body))
 
     # first of all: before the CSRF check or a rate limit could read the body
     app.before_request_funcs.setdefault(None, []).insert(0, refuse_large_bodies)
@@ -162,7 +183,7 @@ def init_app(app: Flask) -> None:
         # also raised by werkzeug while reading: a body without a Content-Length that grows past the
         # limit, or a form field over MAX_FORM_MEMORY_SIZE
         limit = app.config.get("MAX_CONTENT_LENGTH")
-        if limit is not None and (request.content_length or 0) > limit:
+        if limit is not None and ((request.content_length or 0) > limit or g.get("body_too_large")):
             message = f"The request body is too large (the limit is {_size(limit)})."
         else:
             message = "The request body, or a form field in it, is too large."

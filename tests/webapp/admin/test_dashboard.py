@@ -353,6 +353,30 @@ def test_settings_page_shows_effective_values_and_sources_read_only(tmp_path, mi
     assert 'data-setting="training.gate.max_kl"' in html and 'method="post"' not in html.split("<main")[1]
 
 
+def test_settings_page_masks_credentials_inside_urls(tmp_path, monkeypatch):
+    """Not only the settings marked secret: a URL's user and password (``https://user:pass@host``)
+    and the values of token-like query parameters are masked wherever a setting holds a URL, on
+    the page and in ``flask settings`` (one function shows both)."""
+    from webapp.core.settings import effective, resolve
+
+    monkeypatch.setenv("RLHF_OPENWEBUI_URL", "https://owui-user:owui-pass@openwebui.example:8080/base?token=abc1&page=2")
+    monkeypatch.setenv("RLHF_INFERENCE_URL", "http://sk-live-123@gpu.example:8000")
+    resolved = resolve({"INSTANCE_DIR": str(tmp_path / "x")})
+    rows = {r["name"]: r["value"] for r in effective(resolved.settings, resolved.sources)}
+    assert rows["openwebui_url"] == "https://***@openwebui.example:8080/base?token=***&page=2"
+    assert rows["inference_url"] == "http://***@gpu.example:8000"
+    assert not any(word in json.dumps(rows) for word in ("owui-user", "owui-pass", "abc1", "sk-live-123"))
+    app = make_app(tmp_path / "instance")
+    with app.app_context():
+        set_admin_password("root", PASSWORD)
+    html = Admin(app).get("/admin/settings").get_data(as_text=True)
+    row = re.search(r'<tr data-setting="openwebui_url"[^>]*>(.*?)</tr>', html, re.S).group(1)
+    assert "https://***@openwebui.example:8080/base?token=***&amp;page=2" in row
+    assert not any(word in html for word in ("owui-user", "owui-pass", "abc1", "sk-live-123"))
+    with app.app_context():
+        db.engine.dispose()
+
+
 def test_run_page_shows_the_settings_the_run_trained_with(setup):
     from dataclasses import replace
 

@@ -107,10 +107,84 @@ def rows(v1, model, **filters):
     ({"model": MODEL, "messages": RICE, "user": 42}, "user"),
     ({"model": MODEL, "messages": RICE, "user": {"name": "no id"}}, "user.id"),
     ({"model": MODEL, "messages": RICE, "safety_identifier": {"id": "x"}}, "safety_identifier"),
+    ({"model": MODEL, "messages": RICE, "user": "a\x00b"}, "user"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}] * 999}, "messages"),  # the probe's request
 ])
 def test_a_wrong_type_or_value_is_a_400_naming_the_param_and_nothing_is_stored(v1, body, param):
     error = error_of(v1.post("/v1/chat/completions", body), 400)
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    assert rows(v1, Message) == [] and rows(v1, User) == []
+
+
+def test_the_history_is_bounded_in_messages_and_characters(tmp_path, micro_model_dir):
+    """One request once carried 999 messages (4-5 s of server time, 1,000 stored rows) at 600
+    requests a minute: the number of messages and the history's characters are settings."""
+    from webapp.core.settings import Settings
+
+    assert (Settings().api_max_messages, Settings().api_max_history_chars) == (200, 200_000)
+    app = make_app(tmp_path / "instance", RLHF_MAX_NEW_TOKENS=4, RLHF_API_MAX_MESSAGES=4,
+                   RLHF_API_MAX_HISTORY_CHARS=60)
+    register_model(app, micro_model_dir)
+    with app.app_context():
+        v1 = V1(app, {"sdk": create_api_key("sdk")[1]})
+    turn = [{"role": "user", "content": "Hello there."}, {"role": "assistant", "content": "Hi."}]
+    many = v1.post("/v1/chat/completions", {"model": MODEL, "messages": turn * 2 + RICE})
+    assert error_of(many, 400) == {
+        "message": "'messages' has 5 messages; the limit is 4. Send the recent history only.",
+        "type": "invalid_request_error", "param": "messages", "code": "array_above_max_length"}
+    long = v1.post("/v1/chat/completions", {"model": MODEL, "messages": [
+        {"role": "system", "content": "x" * 40}, {"role": "user", "content": "How do I cook rice today?"}]})
+    assert error_of(long, 400) == {
+        "message": "The messages hold 65 characters; the limit is 60. Send the recent history only.",
+        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}
+    assert rows(v1, Message) == [] and rows(v1, User) == []
+    v1.complete(turn + RICE)  # within both bounds: answered (3 messages, 12 + 3 + 19 characters)
+    v1.complete([{"role": "system", "content": "x" * 41}] + RICE)  # exactly 60 characters
+    with app.app_context():
+        db.engine.dispose()
+
+
+def test_a_forwarded_user_can_never_be_a_keys_own_identity(v1):
+    """A request that names nobody is its key's own user (``key:<id>`` under the key's client); a
+    front end forwarding ``user: "key:<id>"`` used to become that same user. It is a user of its
+    own now; the identities already stored (keys' own, every other end user) are unchanged."""
+    import hashlib
+
+    def user_of(completion_id):
+        return v1.db(lambda: db.session.scalars(db.select(Conversation.user_id).join(Message).where(
+            Message.completion_id == completion_id)).one())
+
+    ids = v1.db(lambda: {k.name: k.id for k in db.session.scalars(db.select(ApiKey))})
+    keyself = user_of(v1.complete(key="owui-2")["id"])
+    forged = f"key:{ids['owui-2']}"
+    as_user = user_of(v1.complete(key="owui", user=forged)["id"])
+    assert as_user != keyself
+    assert user_of(v1.complete(key="owui-2", safety_identifier=forged)["id"]) == as_user  # one person per client
+    assert user_of(v1.complete(key="owui", headers={"X-OpenWebUI-User-Id": forged})["id"]) == as_user
+    sdk_self = user_of(v1.complete(key="sdk")["id"])
+    assert user_of(v1.complete(key="sdk", user=f"key:{ids['sdk']}")["id"]) != sdk_self
+    assert user_of(v1.complete(key="owui", user="key:alice")["id"]) not in (keyself, as_user)
+
+    def stored(client, name):  # the derivation every stored identity was made with
+        return "api-" + hashlib.sha256(f"{client}\0{name}".encode()).hexdigest()[:56]
+    with v1.app.app_context():
+        assert db.session.get(User, keyself).anon_id == stored("owui", forged)
+        assert db.session.get(User, sdk_self).anon_id == stored("sdk", f"key:{ids['sdk']}")
+    assert user_of(v1.complete(key="owui", user="alice")["id"]) == v1.db(
+        lambda: db.session.scalars(db.select(User.id).filter_by(anon_id=stored("owui", "alice"))).one())
+    # feedback naming the forged user finds the forged user's completion, never the key's own
+    own = v1.complete(key="owui-2")["id"]
+    refused = v1.post("/v1/feedback", {"completion_id": own, "thumb": "up", "user": forged}, key="owui-2")
+    assert error_of(refused, 404)["param"] == "completion_id"
+
+
+@pytest.mark.parametrize("header", ["X-OpenWebUI-Chat-Id", "X-OpenWebUI-Message-Id", "X-OpenWebUI-User-Id"])
+@pytest.mark.parametrize("value", ["a\x01b", "tab\tin", "del\x7f"])
+def test_a_control_character_in_a_header_is_an_openai_shaped_400(v1, header, value):
+    resp = v1.post("/v1/chat/completions", {"model": MODEL, "messages": RICE}, key="owui", headers={header: value})
+    error = error_of(resp, 400)
+    assert error["type"] == "invalid_request_error" and error["param"] == header, error
+    assert "control character" in error["message"]
     assert rows(v1, Message) == [] and rows(v1, User) == []
 
 

@@ -236,7 +236,7 @@ def assert_limited_page(resp, text: str) -> None:
 
 
 def test_login_limit_per_address_is_a_readable_page(limited_app):
-    app = limited_app(RLHF_LOGIN_RATE_LIMIT="3 per minute")
+    app = limited_app(RLHF_LOGIN_RATE_LIMIT_PER_ADDRESS="3 per minute")
     codes = [login(app, f"guess{i}", "10.0.0.1").status_code for i in range(3)]
     assert codes == [401, 401, 401]
     assert_limited_page(login(app, "someone", "10.0.0.1"), "Too many login attempts from your network address")
@@ -244,12 +244,44 @@ def test_login_limit_per_address_is_a_readable_page(limited_app):
     assert login(app, "root", "10.0.0.2", PASSWORD).status_code == 302
 
 
-def test_login_limit_per_username_across_addresses(limited_app):
+def test_wrong_passwords_from_other_addresses_never_lock_the_admin_out(limited_app):
+    """The probe's lockout: wrong attempts for "admin" from other addresses made the right password
+    from a fresh address a 429. A name is limited per address, never across addresses."""
     app = limited_app(RLHF_LOGIN_RATE_LIMIT="3 per minute")
-    codes = [login(app, "root", f"10.0.1.{i}").status_code for i in range(3)]
-    assert codes == [401, 401, 401]
-    assert_limited_page(login(app, "ROOT", "10.0.1.9", PASSWORD), "Too many login attempts for this username")
-    assert login(app, "other", "10.0.1.9").status_code == 401  # other usernames from that address still try
+    for address in ("10.0.1.1", "10.0.1.2", "10.0.1.3"):
+        assert [login(app, "root", address).status_code for _ in range(3)] == [401, 401, 401]
+    assert login(app, "ROOT", "10.0.1.9", PASSWORD).status_code == 302  # the admin, from a fresh address
+
+
+def test_login_limit_per_name_from_one_address(limited_app):
+    app = limited_app(RLHF_LOGIN_RATE_LIMIT="3 per minute", RLHF_LOGIN_RATE_LIMIT_PER_ADDRESS="10 per minute")
+    assert [login(app, "root", "10.0.2.1").status_code for _ in range(3)] == [401, 401, 401]
+    assert_limited_page(login(app, " Root", "10.0.2.1", PASSWORD), "Too many login attempts for this username")
+    assert login(app, "other", "10.0.2.1").status_code == 401  # other names from that address still try
+    assert login(app, "root", "10.0.2.2", PASSWORD).status_code == 302  # that name from elsewhere too
+
+
+def test_failed_admin_sign_ins_are_shown_on_the_overview(limited_app):
+    from webapp.core.models import SigninFailure
+
+    app = limited_app()
+    for _ in range(2):
+        assert login(app, "Root ", "10.0.3.1").status_code == 401
+    assert login(app, "<b>nobody</b>", "2001:db8::7").status_code == 401
+    assert login(app, "root", "10.0.3.2", PASSWORD).status_code == 302  # a success is no failure
+    with app.app_context():
+        rows = {(r.username, r.address): r.failures for r in db.session.scalars(db.select(SigninFailure))}
+    assert rows == {("root", "10.0.3.1"): 2, ("<b>nobody</b>", "2001:db8::7"): 1}
+    admin = app.test_client()
+    token = re.search(r'name="csrf_token" value="([^"]+)"', admin.get("/admin/login").get_data(as_text=True)).group(1)
+    admin.post("/admin/login", data={"username": "root", "password": PASSWORD, "csrf_token": token})
+    html = admin.get("/admin/").get_data(as_text=True)
+    section = html[html.index('data-testid="signin-failures"'):]
+    section = section[:section.index("</section>")]
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in re.findall(r"<tr data-failure>(.*?)</tr>", section, re.S)]
+    assert [cells[i][:3] for i in range(2)] == [["&lt;b&gt;nobody&lt;/b&gt;", "2001:db8::7", "1"],
+                                                ["root", "10.0.3.1", "2"]]  # newest first, escaped
+    assert all("<time" in row[3] for row in cells)
 
 
 # ---------------------------------------------------------------------------- configuration
@@ -274,6 +306,54 @@ def test_limits_come_from_the_environment_and_bad_values_name_the_setting(tmp_pa
     monkeypatch.setenv("RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS", "lots")
     with pytest.raises(ConfigError, match=r"RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS='lots' \(environment\) is not a rate limit"):
         make_app(tmp_path / "b")
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("1 per 0 second", "a period of 0"), ("0 per minute", "allows no request"),
+    ("30 per minute; 5/0hour", "a period of 0"), ("10 per 0 minutes", "a period of 0"),
+])
+def test_a_limit_that_allows_nothing_or_has_no_period_is_refused(tmp_path, value, needle):
+    """``1 per 0 second`` used to be read as ``1 per 1 second`` without a word, ``0 per minute`` as
+    a limit that refuses everything: both stop the app with the setting named, and an API key's
+    own limit is refused the same way."""
+    from webapp.api.keys import KeyProblem, create_api_key
+
+    with pytest.raises(ConfigError, match=rf"RLHF_LOGIN_RATE_LIMIT='{re.escape(value)}' \(create_app\(config\)\) "
+                                          rf"is not a usable rate limit: .*{needle}"):
+        make_app(tmp_path / "a", RLHF_LOGIN_RATE_LIMIT=value)
+    app = make_app(tmp_path / "b")
+    with app.app_context():
+        with pytest.raises(KeyProblem, match=needle):
+            create_api_key("limited", rate_limit=value)
+        create_api_key("fine", rate_limit="10 per 5 seconds; 100 per day")
+        db.engine.dispose()
+
+
+def test_the_access_log_leaves_query_strings_out():
+    """gunicorn's default access log line holds the request line with its query string (and the
+    referrer's): a token in a URL would be written to the log. `serve`'s format has neither."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from gunicorn.config import Config
+    from gunicorn.glogging import Logger
+
+    from webapp.cli.processes import gunicorn_settings
+
+    cfg = Config()
+    for name, value in gunicorn_settings("127.0.0.1", 8000, 1, 4).items():
+        cfg.set(name, value)
+    logger = Logger(cfg)
+    lines = []
+    logger.access_log.info = lambda fmt, atoms: lines.append(fmt % atoms)
+    environ = {"REQUEST_METHOD": "GET", "RAW_URI": "/admin/feedback?q=secret-term&token=sk-live-1",
+               "PATH_INFO": "/admin/feedback", "QUERY_STRING": "q=secret-term&token=sk-live-1",
+               "SERVER_PROTOCOL": "HTTP/1.1", "REMOTE_ADDR": "192.0.2.7", "HTTP_USER_AGENT": "probe/1",
+               "HTTP_REFERER": "http://127.0.0.1:8000/admin/feedback?q=other-secret"}
+    logger.access(SimpleNamespace(status="200 OK", sent=12, headers=[]), SimpleNamespace(headers=[]), environ,
+                  timedelta(milliseconds=5))
+    assert len(lines) == 1 and '"GET /admin/feedback HTTP/1.1" 200 12' in lines[0] and "192.0.2.7" in lines[0]
+    assert "secret" not in lines[0] and "sk-live" not in lines[0] and "?" not in lines[0], lines[0]
 
 
 def test_limits_can_be_switched_off(limited_app, monkeypatch):

@@ -1,17 +1,21 @@
-"""The settings as people see them: every effective value with its source, secrets masked (the
-admin's Settings page, ``flask --app webapp settings``), and the configuration tables of docs/configuration.md
-(``flask --app webapp settings --markdown``; tests/webapp/core/test_config.py keeps that page equal to them)."""
+"""The settings as people see them: every effective value with its source, secrets and the
+credentials inside any URL masked (the admin's Settings page, ``flask --app webapp settings``), and
+the configuration tables of docs/configuration.md (``flask --app webapp settings --markdown``;
+tests/webapp/core/test_config.py keeps that page equal to them)."""
 from __future__ import annotations
 
 from typing import Any
 
+from webapp.core.display import mask_url
 from webapp.core.settings.fields import Settings
 from webapp.core.settings.specs import ALL_SETTINGS, APP_SETTINGS, TRAINING_SETTINGS, Spec
 
 
 def _mask(spec: Spec, value: Any) -> Any:
-    if not spec.meta.get("secret") or value is None:
+    if value is None:
         return value
+    if not spec.meta.get("secret"):  # an ordinary URL may still carry a user and password, or a token
+        return mask_url(value) if isinstance(value, str) and "://" in value else value
     if spec.name in ("secret_key", "inference_api_key", "openwebui_api_key"):
         return "********"
     from sqlalchemy.engine import make_url  # URLs: only their password is secret

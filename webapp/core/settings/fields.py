@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from limits import parse_many
+from limits.util import SEPARATORS, SINGLE_EXPR
 
 from rlhf.settings import CycleSettings
 
@@ -26,11 +27,21 @@ def setting(default: Any, doc: str, group: str, *, key: str | None = None, env: 
                                             "shown_default": shown_default, "check": check, **bounds})
 
 
-def _rate_limit(value: str) -> str | None:
+def rate_limit_problem(value: str) -> str | None:
+    """Why ``value`` is no usable rate limit, or None. Beyond what ``limits`` parses: it reads
+    ``1 per 0 second`` as one per second without a word, and ``0 per minute`` refuses everything."""
     try:
         parse_many(value)
     except ValueError:
         return "is not a rate limit (e.g. '30 per minute' or '30 per minute; 500 per day')"
+    for part in SEPARATORS.split(value):
+        amount, _, multiples, _ = SINGLE_EXPR.match(part).groups()
+        if multiples is not None and int(multiples) == 0:
+            return (f"is not a usable rate limit: {part.strip()!r} has a period of 0 (e.g. '1 per second' or "
+                    "'10 per 5 seconds')")
+        if int(amount) == 0:
+            return (f"is not a usable rate limit: {part.strip()!r} allows no request at all (to switch the "
+                    "limits off: RLHF_RATELIMIT_ENABLED=0)")
     return None
 
 
@@ -182,17 +193,20 @@ class Settings:
     compare_rate: float = setting(0.1, "share of questions answered side by side while an experiment runs",
                                   "Experiments", low=0.0, high=1.0)
     # rate limits
-    login_rate_limit: str = setting("10 per minute", "admin login attempts per address and per username (one name "
-                                    "however it is written: case, surrounding spaces)", "Rate limits",
-                                    check=_rate_limit)
+    login_rate_limit: str = setting("10 per minute", "admin sign-in attempts for one username (however it is "
+                                    "written: case, surrounding spaces) from one client address. Never counted "
+                                    "across addresses, so wrong passwords from elsewhere cannot lock an admin out",
+                                    "Rate limits", check=rate_limit_problem)
+    login_rate_limit_per_address: str = setting("30 per minute", "admin sign-in attempts from one client address, "
+                                                "whatever the username", "Rate limits", check=rate_limit_problem)
     chat_rate_limit: str = setting("30 per minute", "questions per user: posting a message, regenerate and compare "
-                                   "share it", "Rate limits", check=_rate_limit)
+                                   "share it", "Rate limits", check=rate_limit_problem)
     chat_rate_limit_per_address: str = setting("600 per minute", "the same, per client address (high: many users "
-                                               "can share one address)", "Rate limits", check=_rate_limit)
+                                               "can share one address)", "Rate limits", check=rate_limit_problem)
     feedback_rate_limit: str = setting("120 per minute", "feedback and compare votes per user", "Rate limits",
-                                       check=_rate_limit)
+                                       check=rate_limit_problem)
     feedback_rate_limit_per_address: str = setting("2400 per minute", "the same, per client address", "Rate limits",
-                                                   check=_rate_limit)
+                                                   check=rate_limit_problem)
     ratelimit_enabled: bool = setting(True, "`0` switches every rate limit off (load tests, benchmarks)",
                                       "Rate limits", key="RATELIMIT_ENABLED")
     ratelimit_storage: str = setting("memory://", "rate-limit storage (e.g. `redis://...` with several workers)",
@@ -217,8 +231,9 @@ class Settings:
                                            "or office behind one address stays far below it; `0`: no limit. Off "
                                            "with `RLHF_RATELIMIT_ENABLED=0`", "Feedback integrity", low=0)
     account_rate_limit: str = setting("10 per minute", "end users' sign-in, registration and password-change "
-                                      "attempts per address and per username (as for admins)", "Feedback integrity",
-                                      check=_rate_limit)
+                                      "attempts per client address, and per username from one address (never "
+                                      "across addresses, as for admins)", "Feedback integrity",
+                                      check=rate_limit_problem)
     trusted_proxies: int = setting(0, "reverse proxies in front of the app whose `X-Forwarded-For` and "
                                    "`X-Forwarded-Proto` are believed (werkzeug's ProxyFix). `0`: the client address "
                                    "is the connection's. Behind a proxy set it to the number of proxies, or every "
@@ -259,6 +274,12 @@ class Settings:
                                   "whichever version or A/B arm serves a request, this is the name clients see",
                                   "API", check=_model_name)
     api_rate_limit: str = setting("600 per minute", "`/v1` requests per API key (models, completions and feedback "
-                                  "share it), unless the key has a limit of its own", "API", check=_rate_limit)
+                                  "share it), unless the key has a limit of its own", "API", check=rate_limit_problem)
+    api_max_messages: int = setting(200, "most messages one `/v1` chat completion may carry (its history "
+                                    "included); more is a 400 (`array_above_max_length`). Every message of a new "
+                                    "history is stored, so this bounds the rows one request writes", "API", low=1,
+                                    high=100_000)
+    api_max_history_chars: int = setting(200_000, "most characters all messages of one `/v1` chat completion may "
+                                         "hold together; more is a 400 (`context_length_exceeded`)", "API", low=1)
     # training: the rlhf dataclasses themselves (device comes from the app's device above)
     training: CycleSettings = field(default_factory=CycleSettings)
