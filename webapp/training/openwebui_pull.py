@@ -20,6 +20,7 @@ from typing import Any
 
 from flask import current_app
 
+from webapp.core.display import mask_url
 from webapp.core.validation import clip
 from webapp.training.openwebui import import_ratings
 from webapp.training.openwebui_export import EXPORT_PATH, ExportError, load_export
@@ -71,7 +72,7 @@ def fetch_export(url: str, api_key: str | None, deadline_seconds: float | None =
         conn.sock.settimeout(remaining())
         response = conn.getresponse()
         if 300 <= response.status < 400:
-            where = response.getheader("Location") or "nowhere"
+            where = mask_url(response.getheader("Location") or "nowhere")
             raise HTTPStatusError(response.status, response.reason,
                                   f" (a redirect to {clip(where, 120)}: not followed, since it would carry the "
                                   "admin key; set RLHF_OPENWEBUI_URL to the address it names)")
@@ -103,7 +104,7 @@ def pull_tick() -> dict[str, Any]:
     url = cfg.get("RLHF_OPENWEBUI_URL")
     if not url:
         return {"action": "skip", "reason": "no Open WebUI to pull from (RLHF_OPENWEBUI_URL is not set)"}
-    endpoint = url.rstrip("/") + EXPORT_PATH
+    endpoint = mask_url(url.rstrip("/") + EXPORT_PATH)  # the outcome is shown and logged: no credentials in it
     try:
         records = fetch_export(url, cfg.get("RLHF_OPENWEBUI_API_KEY"))
     except HTTPStatusError as exc:

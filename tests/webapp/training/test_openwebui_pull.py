@@ -147,9 +147,14 @@ def test_failures_are_recorded_and_the_scheduler_goes_on(tmp_path, owui):
     outcome = pull(app)
     assert outcome["action"] == "error" and "answered with not JSON" in outcome["reason"]
 
+    app.config["RLHF_OPENWEBUI_URL"] = owui.url.replace("http://", "http://admin:hunter2@")
+    outcome = pull(app)  # credentials in the URL never reach the recorded outcome (nor the log)
+    assert "hunter2" not in outcome["reason"] and "http://***@127.0.0.1" in outcome["reason"]
+
     owui.stop()
     outcome = pull(app)
     assert outcome["action"] == "error" and "could not fetch" in outcome["reason"]
+    assert "hunter2" not in outcome["reason"]
 
     app.config["RLHF_OPENWEBUI_URL"] = None  # turned off while its job stays in the job store
     outcome = pull(app)
