@@ -576,9 +576,12 @@ def test_the_cli_prints_the_key_once_and_stores_its_hash(tmp_path, micro_model_d
     assert key.startswith("rlhf-") and len(key) > 40 and "\n" not in key
     assert "shown only this once" in result.stderr and key not in result.stderr
     assert flask_cli("create-api-key", "librechat").exit_code != 0  # names are unique
-    assert "5 per" not in flask_cli("create-api-key", "bad", "--rate-limit", "lots").stdout
+    refused = flask_cli("create-api-key", "bad", "--rate-limit", "lots")
+    assert refused.exit_code == 1 and refused.output == ("Error: 'lots' is not a rate limit (e.g. '30 per minute' "
+                                                         "or '30 per minute; 500 per day').\n")
     app = make_app(instance)
     with app.app_context():
+        assert db.session.scalars(db.select(ApiKey).filter_by(name="bad")).first() is None  # no key was made
         row = db.session.scalars(db.select(ApiKey).filter_by(name="librechat")).one()
         assert (row.client, row.rate_limit, row.prefix) == ("lc", "5 per second", key[:12])
         assert row.key_hash == hash_key(key)

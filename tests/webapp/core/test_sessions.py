@@ -199,14 +199,28 @@ def cookie_expiry(resp) -> float:
     return parsedate_to_datetime(re.search(r"Expires=([^;]+)", header).group(1)).timestamp()
 
 
-def test_admin_session_ends_when_idle(admin_app):
+class Clock:
+    """The sign-in module's clock, moved by the test (``time`` in webapp.core.signin)."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def time(self) -> float:
+        return self.now
+
+
+def test_admin_session_ends_when_idle_and_activity_moves_the_limit(admin_app, monkeypatch):
+    from webapp.core import signin
+
+    clock = Clock()
+    monkeypatch.setattr(signin, "time", clock)
     admin = signed_in_admin(admin_app)
-    now = int(time.time())
-    set_session(admin, _seen_at=now - 11 * HOUR)
+    clock.now += 11 * HOUR
     assert admin.get("/api/admin/audit").status_code == 200  # 11 h idle: still signed in ...
-    assert admin.get("/api/admin/audit").status_code == 200  # ... and that request counted as activity
-    set_session(admin, _seen_at=now - 13 * HOUR)
-    assert admin.get("/api/admin/audit").status_code == 401
+    clock.now += 11 * HOUR
+    assert admin.get("/api/admin/audit").status_code == 200  # ... and that request was activity: 11 h idle again
+    clock.now += 12 * HOUR + 60
+    assert admin.get("/api/admin/audit").status_code == 401  # over 12 h since the last request
     assert admin.get("/api/session").get_json()["is_admin"] is False
 
 
@@ -243,7 +257,12 @@ def test_admin_cookie_expires_with_the_session_and_is_not_renewed_past_its_lifet
     resp = client.post("/admin/login", data={"username": "secadmin", "password": ADMIN_PASSWORD, "csrf_token": token})
     assert resp.status_code == 302
     assert before + 12 * HOUR - 5 <= cookie_expiry(resp) <= time.time() + 12 * HOUR + 5  # idle limit, not 31 days
-    # activity moves the idle limit, but never past the absolute lifetime
+    # activity moves the idle limit: a request two hours after the last one renews it to 12 h from now
+    set_session(client, _seen_at=int(time.time()) - 2 * HOUR)
+    resp = client.get("/api/session")
+    assert resp.get_json()["is_admin"] is True
+    assert abs(cookie_expiry(resp) - (time.time() + 12 * HOUR)) <= 5  # not 10 h: the request was activity
+    # ... but never past the absolute lifetime
     signed_in_at = int(time.time()) - 7 * 24 * HOUR + HOUR  # an hour of the week left
     set_session(client, _signed_in_at=signed_in_at, _seen_at=int(time.time()) - 120)
     resp = client.get("/api/session")
