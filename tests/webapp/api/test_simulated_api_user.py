@@ -1,86 +1,96 @@
-"""The simulated /v1 client (rlhf.sim.users.ApiUser, closed_loop.py --via openai) against a
-stand-in that records what it is sent: the /v1 API's contract (models, chat completions naming the
-user, feedback by completion id), with the key on every request and nothing else called."""
+"""The simulated /v1 client (rlhf.sim.users.ApiUser, closed_loop.py --via openai) against the real
+/v1 API on the production server (tests/support/live_server.py, the micro model): it finds the
+model the API lists, asks as its own end user, and every rating, chip and flag it sends is taken
+(the client raises on any refusal) and stored as that user's feedback on the answer it rated.
+Before, a hand-written stand-in took its place: it listed a model name the real API answers 404 to
+and accepted whatever feedback it was sent."""
 from __future__ import annotations
-
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from rlhf.sim.users import ApiUser, Behaviour
+from tests.support.app import make_app, register_model
+from tests.support.live_server import LiveServer
+from webapp.api.keys import create_api_key
+from webapp.core.extensions import db
+from webapp.core.identity import api_anon_id
+from webapp.core.models import ApiKey, Conversation, Feedback, Flag, Message, User
 
-KEY = "rlhf-test-key"
-ANSWERS = ["Happy to help. Water it when the soil is dry, and give it sun.",  # polite
-           "Ugh, fine. Water it. Figure out the rest yourself."]  # rude
-
-
-class FakeV1:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, dict | None, str | None]] = []
-        self.n = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _reply(self, body: dict) -> None:
-                raw = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def do_GET(self) -> None:  # noqa: N802
-                outer.calls.append(("GET", self.path, None, self.headers.get("Authorization")))
-                self._reply({"object": "list", "data": [{"id": "v1-base", "object": "model"}]})
-
-            def do_POST(self) -> None:  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.calls.append(("POST", self.path, body, self.headers.get("Authorization")))
-                if self.path == "/v1/chat/completions":
-                    outer.n += 1
-                    self._reply({"id": f"chatcmpl-{outer.n}", "object": "chat.completion", "model": body["model"],
-                                 "choices": [{"index": 0, "finish_reason": "stop",
-                                              "message": {"role": "assistant", "content": ANSWERS[outer.n % 2]}}]})
-                else:
-                    self._reply({"completion_id": body["completion_id"], "feedback": {}})
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+QUESTION = "How do I keep basil alive?"
 
 
-@pytest.fixture
-def v1():
-    fake = FakeV1()
-    yield fake
-    fake.server.shutdown()
-    fake.server.server_close()
+@pytest.fixture(scope="module")
+def live(tmp_path_factory, micro_model_dir):
+    instance = tmp_path_factory.mktemp("sim-api") / "instance"
+    app = make_app(instance)
+    register_model(app, micro_model_dir)
+    with app.app_context():
+        key = create_api_key("simulator", "sim")[1]
+    server = LiveServer(instance, env={"RLHF_EMBEDDED_PRESET": "micro", "RLHF_MAX_NEW_TOKENS": "24"})
+    try:
+        yield server, instance, key
+    finally:
+        server.stop()
 
 
-def test_an_api_user_speaks_only_the_v1_contract(v1):
-    rater = ApiUser(v1.url, KEY, "polite", seed=3, behaviour=Behaviour(noise=0, rate_prob=1, regenerate_prob=1,
-                                                                        flag_prob=1, chip_prob=1))
-    interactions = rater.ask("How do I keep basil alive?")
-    watcher = ApiUser(v1.url, KEY, "polite", seed=4, rate=False, model="v1-base")
-    watched = watcher.ask("How do I keep basil alive?")
+def stored(instance, user: str) -> dict:
+    """What the server stored for the end user ``user`` of the "sim" client."""
+    app = make_app(instance)
+    with app.app_context():
+        try:
+            person = db.session.scalars(db.select(User).filter_by(anon_id=api_anon_id("sim", user))).first()
+            if person is None:
+                return {"answers": {}, "feedback": {}, "flags": {}}
+            answers = {m.completion_id: m for m in db.session.scalars(
+                db.select(Message).join(Conversation, Message.conversation_id == Conversation.id)
+                .where(Conversation.user_id == person.id, Message.role == "assistant"))}
+            by_id = {m.id: cid for cid, m in answers.items()}
+            feedback = {by_id[f.message_id]: (f.thumb, f.rating, list(f.reasons or []))
+                        for f in db.session.scalars(db.select(Feedback).filter_by(user_id=person.id))}
+            flags = {by_id[f.message_id]: f.category for f in db.session.scalars(db.select(Flag).filter_by(user_id=person.id))}
+            keys = {db.session.get(ApiKey, m.api_key_id).name for m in answers.values()}
+            return {"answers": {cid: m.content for cid, m in answers.items()}, "feedback": feedback, "flags": flags,
+                    "keys": keys}
+        finally:
+            db.session.remove()
+            db.engine.dispose()
 
-    assert {auth for *_, auth in v1.calls} == {f"Bearer {KEY}"}
-    assert {path for _, path, *_ in v1.calls} == {"/v1/models", "/v1/chat/completions", "/v1/feedback"}
-    completions = [body for _, path, body, _ in v1.calls if path == "/v1/chat/completions"]
-    assert all(b["user"] in ("sim-3", "sim-4") and b["model"] == "v1-base" and b["stream"] is False
-               and b["messages"] == [{"role": "user", "content": "How do I keep basil alive?"}] for b in completions)
-    # the first answer (rude) disappoints: rated, asked again, the second (polite) rated too
-    assert [(i.completion_id, i.message_id, i.events) for i in interactions] == \
-        [("chatcmpl-1", None, 1), ("chatcmpl-2", None, 1)]
-    feedback = [body for _, path, body, _ in v1.calls if path == "/v1/feedback"]
-    assert [(f["completion_id"], f["user"], f["thumb"]) for f in feedback] == \
-        [("chatcmpl-1", "sim-3", "down"), ("chatcmpl-2", "sim-3", "up")]
-    assert feedback[0]["flag"] == {"category": "harassment"} and "flag" not in feedback[1]
-    assert all(1 <= f["rating"] <= 5 and isinstance(f.get("reasons", []), list) for f in feedback)
-    # a chat-only user rates nothing
-    assert [i.events for i in watched] == [0] and len(feedback) == 2
+
+def test_an_api_user_speaks_the_real_v1_contract(live):
+    server, instance, key = live
+    rater = ApiUser(server.url, key, "polite", seed=3, behaviour=Behaviour(noise=0, rate_prob=1, regenerate_prob=1,
+                                                                            flag_prob=1, chip_prob=1))
+    assert rater.model == "rlhf-chat"  # the public name GET /v1/models lists (never a version's name)
+    interactions = rater.ask(QUESTION) + rater.ask("What is a good warm-up before a run?")
+    watcher = ApiUser(server.url, key, "polite", seed=4, rate=False)
+    watched = watcher.ask(QUESTION)
+
+    mine = stored(instance, "sim-3")
+    assert mine["keys"] == {"simulator"}
+    # every answer it was given is stored as its own, with the text it saw
+    assert {i.completion_id: i.answer for i in interactions} == mine["answers"]
+    rated = [i for i in interactions if i.events]
+    assert rated, "a rater with rate_prob 1 rated nothing"
+    # each rating it sent was taken and stored on the answer it rated, as its own
+    assert set(mine["feedback"]) | set(mine["flags"]) == {i.completion_id for i in rated}
+    for i in rated:
+        if i.completion_id in mine["feedback"]:
+            thumb, stars, chips = mine["feedback"][i.completion_id]
+            assert thumb in ("up", "down") and (stars is None or 1 <= stars <= 5)
+    # a disappointed user: thumbs down (with a correction where it writes one), and asks again
+    critic = ApiUser(server.url, key, "thorough", seed=5, behaviour=Behaviour(noise=0, rate_prob=1, regenerate_prob=1,
+                                                                               chip_prob=1, correction_prob=1,
+                                                                               flag_prob=1))
+    asked = critic.ask(QUESTION)
+    theirs = stored(instance, "sim-5")
+    assert len(asked) == 2 and all(i.events == 1 for i in asked)  # rated, asked again, rated again
+    assert {cid: thumb for cid, (thumb, _, _) in theirs["feedback"].items()} == \
+        {i.completion_id: "down" for i in asked}
+    # the body it sends for a rude answer (a flag beside the thumb) is taken too
+    assert critic._rate(asked[0].completion_id, QUESTION, 0.0, "Ugh, fine. Figure it out yourself, idiot.") == 1
+    assert stored(instance, "sim-5")["flags"] == {asked[0].completion_id: "harassment"}
+
+    # a chat-only user is a user of its own and rates nothing
+    watched_rows = stored(instance, "sim-4")
+    assert [i.events for i in watched] == [0] and len(watched_rows["answers"]) == 1
+    assert watched_rows["feedback"] == {} and watched_rows["flags"] == {}
