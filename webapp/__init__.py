@@ -21,6 +21,9 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     app = Flask(__name__, instance_path=cfg["INSTANCE_DIR"], template_folder=str(ROOT / "templates"),
                 static_folder=str(ROOT / "static"))
     app.config.update(cfg)
+    from webapp.core.private_files import secure_instance
+
+    secure_instance(app.config)  # owner only: the instance folder, its database, secret key and backups
     if cfg["RLHF_TRUSTED_PROXIES"]:  # the client address (and scheme) as the proxies in front saw it
         from werkzeug.middleware.proxy_fix import ProxyFix
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from . import create_app
 from .core.migrations import schema_problem
+from .core.settings import ConfigError
 
-app = create_app({"RLHF_AUTO_UPGRADE": False})
+try:
+    app = create_app({"RLHF_AUTO_UPGRADE": False})
+except ConfigError as exc:  # a setting the app cannot use, or a published secret key: one line, no traceback
+    raise SystemExit(f"Error: {exc.message}") from None
 if schema_problem(app):
     raise SystemExit(f"Error: {schema_problem(app)}")
 if app.config["RLHF_AUTO_INIT_MODEL"]:

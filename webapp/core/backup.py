@@ -15,7 +15,12 @@ model version is written under a temporary name and renamed into place before it
 written after the snapshot is not in the backup at all. The folder is written as
 ``DEST.partial-*`` and renamed to ``DEST`` when complete.
 
-Restoring one: webapp/core/restore.py.
+A backup holds every conversation, all feedback, the password and key hashes and the secret key:
+its folders are 0700 and its files 0600 whatever the umask (webapp/core/private_files.py), and a
+folder it creates to hold backups (``<instance>/backups``) is 0700. Only folders that hold a file
+are copied, so the manifest's files describe the whole backup.
+
+Restoring one: webapp/core/restore.py (the manifest and folder checked by webapp/core/backup_manifest.py).
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from sqlalchemy.engine import URL, Connection
 
 from webapp.core.extensions import db
 from webapp.core.instance_paths import resolve
+from webapp.core.private_files import PRIVATE_DIR, create_private, private_dir, tighten_tree, write_private
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -126,10 +132,11 @@ def backup_instance(dest: Path, progress: Callable[[str], None] = lambda _m: Non
         raise BackupError(f"{dest} already exists and is not an empty folder")
     if dest == instance or instance in dest.parents and dest.parts[len(instance.parts)] in ("models", "runs"):
         raise BackupError(f"{dest} is inside the instance's model store or runs")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(dest.parent)
     work = dest.parent / f".{dest.name}.partial-{uuid.uuid4().hex[:8]}"
-    work.mkdir()
+    work.mkdir(mode=PRIVATE_DIR)
     try:
+        os.chmod(work, PRIVATE_DIR)  # mkdir's mode went through the umask
         progress("database snapshot")
         url = db.engine.url
         if url.get_backend_name() == "sqlite":
@@ -146,7 +153,8 @@ def backup_instance(dest: Path, progress: Callable[[str], None] = lambda _m: Non
         manifest = {"format": FORMAT, "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "schema_revision": database.pop("revision"), "instance_dir": str(instance),
                     "database": database, "files": files, "models_missing_at_backup": missing}
-        (work / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        write_private(work / MANIFEST, json.dumps(manifest, indent=2))
+        tighten_tree(work, exact=True)  # copied files kept their modes: every folder 0700, every file 0600
         if dest.exists():
             dest.rmdir()
         os.rename(work, dest)
@@ -160,6 +168,7 @@ def _snapshot_sqlite(source: Path | None, target: Path) -> dict[str, Any]:
     assert source is not None
     if not source.is_file():
         raise BackupError(f"the database file {source} does not exist")
+    create_private(target)
     src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=60)
     dst = sqlite3.connect(target)
     try:
@@ -199,16 +208,15 @@ def _snapshot_postgres(url: URL, target: Path) -> dict[str, Any]:
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
-    """Copy a folder, tolerating files that vanish meanwhile (a run still writing its logs)."""
+    """Copy a folder's files (not its empty folders), tolerating files that vanish meanwhile (a run
+    still writing its logs)."""
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
         if any(part.startswith(".tmp-") for part in rel.parts):
             continue
         target = dst / rel
         try:
-            if path.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-            elif path.is_file():
+            if path.is_file():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, target)
         except FileNotFoundError:

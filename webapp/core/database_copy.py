@@ -7,6 +7,10 @@ table by table in foreign-key order, each table in id order (a message's parent,
 parent come before it), in one transaction: a failure leaves the target as it was. The one
 foreign-key cycle (``model_versions.training_run_id`` <-> ``training_runs.version_id``) is
 closed after both tables are in. PostgreSQL's id sequences are moved past the copied ids.
+
+An SQLite target holds everything the instance does: its file (and SQLite's side files, which
+take its mode) is created 0600 whatever the umask, and an existing one is made owner-only
+(webapp/core/private_files.py).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from sqlalchemy import create_engine, func, select, text, update
 from sqlalchemy.engine import make_url
 
 from webapp.core.extensions import db
+from webapp.core.private_files import create_private, sqlite_files, sqlite_path, tighten
 
 _CYCLE = ("model_versions", "training_run_id")
 
@@ -35,6 +40,11 @@ def copy_database(target_url: str, progress: Callable[[str, int], None] = lambda
         raise BackupError(f"{target_url!r} is not a database URL (e.g. postgresql+psycopg://user:pw@host/db)") from None
     if url.render_as_string(hide_password=False) == db.engine.url.render_as_string(hide_password=False):
         raise BackupError("the target is this instance's own database")
+    target_file = sqlite_path(url.render_as_string(hide_password=False))
+    if target_file is not None and target_file.parent.is_dir():
+        create_private(target_file)
+        for path in sqlite_files(target_file):
+            tighten(path)
     engine = create_engine(url)
     copied: dict[str, int] = {}
     try:

@@ -1,22 +1,22 @@
 """``flask --app webapp restore SRC``: a backup (webapp/core/backup.py) into a new instance.
 
-Restore checks everything before it changes anything (manifest, every checksum, the schema
-revision, the database kind, an empty target), then loads the database into a temporary file or
-one PostgreSQL transaction, checks its row counts against the manifest, and only then moves it
-and the files into place. Rows store paths relative to the instance folder
-(webapp.core.instance_paths), so they need no change; a backup whose rows still hold absolute paths
-into its own instance folder has those made relative, and a backup from an older schema is
-upgraded.
+Restore checks everything before it changes anything (every field of the manifest; that the
+folder holds exactly the files it lists, no link, each with its checksum: webapp/core/backup_manifest.py;
+the schema revision, the database kind, an empty target), then loads the database into a
+temporary file or one PostgreSQL transaction, checks its row counts against the manifest, and only
+then moves it and the files into place. Only the files the manifest lists are installed, each
+0600 in folders 0700 (webapp/core/private_files.py). Rows store paths relative to the instance
+folder (webapp.core.instance_paths), so they need no change; a backup whose rows still hold
+absolute paths into its own instance folder has those made relative, and a backup from an older
+schema is upgraded.
 """
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import uuid
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 import click
@@ -24,38 +24,11 @@ from flask import current_app
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection
 
-from webapp.core.backup import (FILES_DIR, FORMAT, MANIFEST, NOT_DATA, BackupError, data_rows, libpq_target,
-                                pg_tool, sha256, sqlite_file, table_counts)
+from webapp.core.backup import (FILES_DIR, NOT_DATA, BackupError, data_rows, libpq_target, pg_tool, sqlite_file,
+                                table_counts)
+from webapp.core.backup_manifest import read_manifest
 from webapp.core.extensions import db
-
-
-def read_manifest(src: Path) -> dict[str, Any]:
-    """The backup's manifest after checking every file against it (raises BackupError)."""
-    if not src.is_dir():
-        raise BackupError(f"{src} is not a backup folder")
-    try:
-        manifest = json.loads((src / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise BackupError(f"{src} is not a backup (no {MANIFEST})") from None
-    except (OSError, ValueError) as exc:
-        raise BackupError(f"the backup's {MANIFEST} is unreadable ({type(exc).__name__}): the backup is corrupt") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict) \
-            or not isinstance(manifest.get("database"), dict):
-        raise BackupError(f"the backup's {MANIFEST} is not a backup manifest of format {FORMAT}")
-    for rel, meta in manifest["files"].items():
-        path = (src / rel).resolve()
-        if src.resolve() not in path.parents:
-            raise BackupError(f"the manifest names a file outside the backup: {rel}")
-        if not path.is_file():
-            raise BackupError(f"the backup is incomplete: {rel} is missing")
-        if path.stat().st_size != meta.get("bytes"):
-            raise BackupError(f"the backup is damaged: {rel} has {path.stat().st_size} bytes, the manifest says "
-                              f"{meta.get('bytes')} (truncated?)")
-        if sha256(path) != meta.get("sha256"):
-            raise BackupError(f"the backup is damaged: {rel} does not match its checksum")
-    if manifest["database"].get("file") not in manifest["files"]:
-        raise BackupError("the backup's manifest names no database file")
-    return manifest
+from webapp.core.private_files import copy_private, private_dir, private_dirs
 
 
 def check_restorable(src: Path, manifest: dict[str, Any]) -> None:
@@ -90,15 +63,15 @@ def restore_instance(src: Path, progress: Callable[[str], None] = lambda _m: Non
     manifest = read_manifest(src)
     check_restorable(src, manifest)
     instance = Path(current_app.config["INSTANCE_DIR"]).resolve()
-    expected = manifest["database"].get("counts") or {}
+    expected = manifest["database"]["counts"]
     progress("database")
     if manifest["database"]["dialect"] == "sqlite":
         _restore_sqlite(src / manifest["database"]["file"], expected)
     else:
         _restore_postgres(src / manifest["database"]["file"], expected)
     progress("model versions and training runs")
-    kept_config = _restore_files(src / FILES_DIR, instance)
-    old = manifest.get("instance_dir") or str(instance)
+    kept_config = _restore_files(src, manifest["files"], instance)
+    old = manifest["instance_dir"]
     _relative_paths(old)
     from webapp.core.migrations import prepare_schema, upgrade
 
@@ -123,7 +96,7 @@ def _restore_sqlite(snapshot: Path, expected: dict[str, int]) -> None:
     target = sqlite_file(db.engine.url)
     assert target is not None
     tmp = target.with_name(f".{target.name}.restore-{uuid.uuid4().hex[:8]}")
-    shutil.copyfile(snapshot, tmp)
+    copy_private(snapshot, tmp)  # 0600, as the database it becomes
     try:
         conn = sqlite3.connect(tmp)
         try:
@@ -166,24 +139,22 @@ def _restore_postgres(dump: Path, expected: dict[str, int]) -> None:
         _check_counts(connection, expected)
 
 
-def _restore_files(root: Path, instance: Path) -> list[str]:
-    """Copy the backup's instance files in; an instance's own config files are kept (they may
-    name this instance's database). Returns the config files kept."""
+def _restore_files(src: Path, files: dict[str, Any], instance: Path) -> list[str]:
+    """Copy the instance files the manifest lists (and nothing else) in, each 0600 in folders 0700;
+    an instance's own config files are kept (they may name this instance's database). Returns the
+    config files kept."""
     kept = []
-    instance.mkdir(parents=True, exist_ok=True)
-    if not root.is_dir():
-        return kept
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        target = instance / rel
-        if path.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
+    private_dir(instance)
+    for rel in sorted(files):
+        parts = PurePosixPath(rel).parts
+        if parts[0] != FILES_DIR:
+            continue  # the database snapshot, restored already
+        target = instance.joinpath(*parts[1:])
+        if len(parts) == 2 and parts[1] in ("config.py", "config.toml") and target.exists():
+            kept.append(parts[1])
             continue
-        if len(rel.parts) == 1 and rel.name in ("config.py", "config.toml") and target.exists():
-            kept.append(rel.name)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target)
+        private_dirs(target.parent, instance)
+        copy_private(src / rel, target)
     return kept
 
 

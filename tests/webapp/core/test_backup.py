@@ -4,11 +4,16 @@ The main test takes a backup of a live server while simulated users write feedba
 API and a training run runs, restores it into a new instance at another path, and checks that the
 restored instance holds exactly the rows the manifest counts, every feedback committed before the
 backup began, no row that differs from the source, and that it serves and trains. The others feed
-restore bad backups and a non-empty instance: each stops with one line and changes nothing."""
+restore bad backups (damaged, holding what the manifest does not list, a malformed manifest) and
+a non-empty instance: each stops with one line and changes nothing. Backups, restored instances
+and copy-database targets are readable by their owner only, whatever the umask."""
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -23,6 +28,7 @@ from tests.support.app import DATABASES, database_url_for, flask_cli, make_app, 
 
 from tests.support.paths import ROOT
 from tests.support.feedback_factory import seed_feedback
+from tests.support.leaked_key import leaked_secret_key
 from tests.support.live_server import LiveServer
 from webapp.core.extensions import db
 from webapp.core.models import Feedback, ModelVersion
@@ -250,6 +256,66 @@ def _no_manifest(b: Path) -> None:
     (b / "manifest.json").unlink()
 
 
+def _edit_manifest(b: Path, edit) -> None:
+    manifest = json.loads((b / "manifest.json").read_text())
+    edit(manifest)
+    (b / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _add_listed(b: Path, rel: str, data: bytes) -> None:
+    """A file the manifest lists, with its right size and checksum."""
+    (b / rel).parent.mkdir(parents=True, exist_ok=True)
+    (b / rel).write_bytes(data)
+    entry = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    _edit_manifest(b, lambda m: m["files"].update({rel: entry}))
+
+
+def _model_folder(b: Path) -> Path:
+    return next((b / "instance" / "models").iterdir())
+
+
+# what the manifest does not list: installed (and config.py executed at the next start) before
+def _unlisted_config(b: Path) -> None:
+    (b / "instance" / "config.py").write_text("RLHF_MAX_NEW_TOKENS = 7\n")
+
+
+def _unlisted_model_file(b: Path) -> None:
+    (_model_folder(b) / "extra.bin").write_bytes(b"\0" * 16)
+
+
+def _unlisted_symlink(b: Path) -> None:
+    (b.parent / "outside.txt").write_text("a file from outside the backup")
+    (_model_folder(b) / "notes.txt").symlink_to(b.parent / "outside.txt")
+
+
+def _symlinked_folder(b: Path) -> None:
+    (b.parent / "outside").mkdir()
+    (b.parent / "outside" / "run.log").write_text("from outside")
+    (b / "instance" / "runs").symlink_to(b.parent / "outside", target_is_directory=True)
+
+
+def _listed_file_as_symlink(b: Path) -> None:
+    """A listed file replaced by a link to an identical copy inside the backup."""
+    listed = next(p for p in _model_folder(b).iterdir() if p.is_file())
+    copy = b / "instance" / "models" / "copy"
+    copy.write_bytes(listed.read_bytes())
+    _edit_manifest(b, lambda m: m["files"].update({str(copy.relative_to(b)): m["files"][str(listed.relative_to(b))]}))
+    listed.unlink()
+    listed.symlink_to(copy)
+
+
+def _unlisted_folder(b: Path) -> None:
+    (b / "instance" / "models" / "empty").mkdir()
+
+
+def _listed_database_over_the_instance(b: Path) -> None:
+    _add_listed(b, "instance/rlhf.db", (b / "database.sqlite").read_bytes())
+
+
+def _leaked_secret_key(b: Path) -> None:
+    _add_listed(b, "instance/secret_key", leaked_secret_key().encode())
+
+
 @pytest.mark.parametrize("damage,needle", [
     (_break_checksum, "does not match its checksum"),
     (_truncate, "(truncated?)"),
@@ -257,19 +323,69 @@ def _no_manifest(b: Path) -> None:
     (_newer_schema, "newer than this code"),
     (_garbage_manifest, "is unreadable"),
     (_no_manifest, "is not a backup (no manifest.json)"),
+    (_unlisted_config, "holds a file its manifest does not list: instance/config.py"),
+    (_unlisted_model_file, "holds a file its manifest does not list: instance/models/"),
+    (_unlisted_symlink, "holds a symbolic link: instance/models/"),
+    (_symlinked_folder, "holds a symbolic link: instance/runs"),
+    (_listed_file_as_symlink, "holds a symbolic link: instance/models/"),
+    (_unlisted_folder, "holds a folder its manifest does not list: instance/models/empty"),
+    (_listed_database_over_the_instance, "instance/rlhf.db"),
+    (_leaked_secret_key, "secret key"),
 ])
 def test_a_bad_backup_is_refused_and_changes_nothing(tmp_path, a_backup, damage, needle):
     bad = _copy(a_backup, tmp_path / "bad")
     damage(bad)
+    _refused_unchanged(tmp_path, bad, needle)
+
+
+def _refused_unchanged(tmp_path: Path, bad: Path, needle: str) -> None:
     target = tmp_path / "target"
     make_app(target)  # the empty database the app makes on start
     before = _snapshot(target)
     result = flask(target, "restore", str(bad))
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1 and needle in errors[0], result.stderr
+    assert len(errors) == 1 and needle in errors[0] and "Traceback" not in result.stderr, result.stderr
     assert _snapshot(target) == before
     assert not (target / "models").exists()
+
+
+def _first_file(m: dict) -> str:
+    return next(iter(m["files"]))
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda m: m.update(instance_dir=5), "instance_dir"),
+    (lambda m: m.update(instance_dir="relative/instance"), "instance_dir"),
+    (lambda m: m.update(instance_dir="/"), "instance_dir"),
+    (lambda m: m.update(format=True), "format"),
+    (lambda m: m.update(created_at="yesterday"), "created_at"),
+    (lambda m: m.update(schema_revision=["0001"]), "schema_revision"),
+    (lambda m: m.update(models_missing_at_backup="models/v0"), "models_missing_at_backup"),
+    (lambda m: m.pop("created_at"), "created_at"),
+    (lambda m: m.update(signed_by="nobody"), "signed_by"),
+    (lambda m: m.update(files=[]), "files"),
+    (lambda m: m["files"].update({_first_file(m): 5}), "files"),
+    (lambda m: m["files"][_first_file(m)].update(bytes="12"), "bytes"),
+    (lambda m: m["files"][_first_file(m)].update(bytes=-1), "bytes"),
+    (lambda m: m["files"][_first_file(m)].update(sha256=None), "sha256"),
+    (lambda m: m["files"].update({"/etc/passwd": m["files"]["database.sqlite"]}), "/etc/passwd"),
+    (lambda m: m["files"].update({"instance/../database.sqlite": m["files"]["database.sqlite"]}),
+     "instance/../database.sqlite"),
+    (lambda m: m.update(database=[]), "database"),
+    (lambda m: m["database"].update(dialect="oracle"), "dialect"),
+    (lambda m: m["database"].update(file="instance/secret_key"), "file"),
+    (lambda m: m["database"].update(counts=[["feedback", 12]]), "counts"),
+    (lambda m: m["database"]["counts"].update(feedback=-1), "counts"),
+    (lambda m: m["database"]["counts"].update(feedback=True), "counts"),
+    (lambda m: m["database"]["counts"].update({"feedback; DROP TABLE users": 1}), "counts"),
+])
+def test_a_malformed_manifest_is_one_line_and_changes_nothing(tmp_path, a_backup, edit, field):
+    """Every field is checked before anything changes: a field of the wrong kind (``instance_dir: 5``)
+    must not stop a restore half-way, after the database and the files are in place."""
+    bad = _copy(a_backup, tmp_path / "bad")
+    _edit_manifest(bad, edit)
+    _refused_unchanged(tmp_path, bad, field)
 
 
 def test_restore_into_a_non_empty_instance_is_refused(tmp_path, a_backup, micro_model_dir):
@@ -306,3 +422,51 @@ def test_scheduled_backups_keep_the_newest(tmp_path, micro_model_dir):
     off = make_app(tmp_path / "instance")
     with off.app_context():
         assert backup_tick()["action"] == "skip"
+
+
+# ---------------------------------------------------------------------------- owner only
+
+@contextlib.contextmanager
+def umask(mask: int):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def loose(root: Path) -> dict[str, str]:
+    """Everything at and under ``root`` that anyone but its owner may read, enter or write (or that
+    is not 0700 / 0600), with its mode."""
+    out = {}
+    for path in [root, *root.rglob("*")]:
+        mode = stat.S_IMODE(path.lstat().st_mode)
+        if mode != (0o700 if path.is_dir() else 0o600):
+            out[str(path.relative_to(root.parent))] = oct(mode)
+    return out
+
+
+def test_backups_restores_and_copies_are_private_whatever_the_umask(tmp_path, micro_model_dir):
+    """A backup, the instance it is restored into and a copy-database SQLite target hold every
+    conversation and hash: 0700 folders and 0600 files even with umask 000 (0777 / 0666 before)."""
+    (tmp_path / "copies").mkdir()
+    with umask(0o000):
+        source = tmp_path / "source"
+        app = make_app(source)
+        register_model(app, micro_model_dir)
+        seed_feedback(app, 2)
+        made = flask(source, "backup", str(tmp_path / "backups" / "b1"))
+        assert made.returncode == 0, made.stderr
+        target = tmp_path / "target"
+        restored = flask(target, "restore", str(tmp_path / "backups" / "b1"))
+        assert restored.returncode == 0, restored.stderr
+        copied = flask(source, "copy-database", f"sqlite:///{tmp_path / 'copies' / 'copy.db'}")
+        assert copied.returncode == 0, copied.stderr
+    assert loose(tmp_path / "backups") == {}
+    for name in ("rlhf.db", "rlhf.db-wal", "rlhf.db-shm", "secret_key"):
+        assert not (target / name).exists() or loose(target / name) == {}, name
+    assert stat.S_IMODE(target.stat().st_mode) == 0o700
+    restored_files = [p for p in (target / "models").rglob("*")]
+    assert restored_files and all(not stat.S_IMODE(p.stat().st_mode) & 0o077 for p in restored_files)
+    for name in ("copy.db", "copy.db-wal", "copy.db-shm", "copy.db-journal"):
+        assert not (tmp_path / "copies" / name).exists() or loose(tmp_path / "copies" / name) == {}, name

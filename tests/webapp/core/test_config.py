@@ -1,12 +1,15 @@
-"""App factory and configuration precedence."""
+"""App factory and configuration precedence; the instance folder's privacy and secret key."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 import stat
 
 import pytest
 
 from webapp import create_app
+from tests.support.leaked_key import leaked_secret_key
 from webapp.core.settings import ROOT, ConfigError, build_config, effective, markdown_tables, resolve
 
 
@@ -63,6 +66,100 @@ def test_secret_key_from_environment_is_not_written(tmp_path, monkeypatch):
     cfg = build_config({"INSTANCE_DIR": str(tmp_path)})
     assert cfg["SECRET_KEY"] == "from-the-environment"
     assert not (tmp_path / "secret_key").exists()
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.parametrize("mask", [0o000, 0o022])
+def test_a_new_instance_is_readable_by_its_owner_only_whatever_the_umask(tmp_path, mask):
+    """The instance folder holds every conversation, all feedback and every hash: 0700, and its
+    database (with SQLite's side files) and secret key 0600, even under umask 000 or 022."""
+    from sqlalchemy import text
+
+    from webapp.core.extensions import db
+
+    old = os.umask(mask)
+    try:
+        app = create_app({"INSTANCE_DIR": str(tmp_path / "inst")})
+        with app.app_context(), db.engine.connect() as connection:  # an open connection: -wal, -shm
+            connection.execute(text("SELECT COUNT(*) FROM users")).scalar()
+            inst = tmp_path / "inst"
+            found = {p.name: oct(mode(p)) for p in inst.iterdir() if p.name.startswith(("rlhf.db", "secret_key"))}
+            assert {"rlhf.db", "rlhf.db-wal", "rlhf.db-shm", "secret_key"} <= set(found)
+            assert found == dict.fromkeys(found, "0o600") and mode(inst) == 0o700
+    finally:
+        os.umask(old)
+
+
+def test_an_existing_instance_is_tightened_at_start_with_one_log_line(tmp_path, caplog):
+    inst = tmp_path / "inst"
+    app = create_app({"INSTANCE_DIR": str(inst), "RLHF_AUTO_INIT_MODEL": False})
+    from webapp.core.extensions import db
+
+    with app.app_context():
+        db.engine.dispose()
+    backup = inst / "backups" / "backup-20260101T000000-000000Z"
+    (backup / "instance").mkdir(parents=True)
+    (backup / "manifest.json").write_text("{}")
+    (backup / "database.sqlite").write_bytes(b"")
+    os.chmod(inst, 0o755)
+    for path in (inst / "rlhf.db", inst / "secret_key", backup / "manifest.json", backup / "database.sqlite"):
+        os.chmod(path, 0o644)
+    for path in (inst / "backups", backup, backup / "instance"):
+        os.chmod(path, 0o755)
+    with caplog.at_level(logging.INFO):
+        create_app({"INSTANCE_DIR": str(inst), "RLHF_AUTO_INIT_MODEL": False})
+    lines = [r.getMessage() for r in caplog.records if "owner only" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert all(name in lines[0] for name in ("rlhf.db", "secret_key", "backups")), lines[0]
+    assert (mode(inst), mode(inst / "rlhf.db"), mode(inst / "secret_key")) == (0o700, 0o600, 0o600)
+    assert {mode(p) for p in [inst / "backups", *(inst / "backups").rglob("*")] if p.is_dir()} == {0o700}
+    assert {mode(p) for p in (inst / "backups").rglob("*") if p.is_file()} == {0o600}
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        create_app({"INSTANCE_DIR": str(inst), "RLHF_AUTO_INIT_MODEL": False})
+    assert not [r for r in caplog.records if "owner only" in r.getMessage()]  # nothing left to tighten
+
+
+def test_the_secret_key_published_in_git_history_is_refused(tmp_path, monkeypatch):
+    """A key that was once committed to this repository signs no instance's cookies: the app does not
+    start, with one line, whether the key is the instance's file or set in the environment."""
+    from click.testing import CliRunner
+    from flask.cli import FlaskGroup
+
+    key = leaked_secret_key()
+    inst = tmp_path / "inst"
+    inst.mkdir()
+    (inst / "secret_key").write_text(key + "\n")
+    monkeypatch.setenv("RLHF_INSTANCE_DIR", str(inst))
+    result = CliRunner().invoke(FlaskGroup(create_app=lambda: create_app()), ["init-db"])
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "secret key" in errors[0] and str(inst / "secret_key") in errors[0], result.output
+    assert "Traceback" not in result.output and key not in result.output
+    assert not (inst / "rlhf.db").exists()  # refused before the database is touched
+    monkeypatch.setenv("RLHF_SECRET_KEY", key)
+    with pytest.raises(ConfigError) as err:
+        build_config({"INSTANCE_DIR": str(tmp_path / "other")})
+    assert "RLHF_SECRET_KEY" in err.value.message and "\n" not in err.value.message
+    monkeypatch.setenv("RLHF_SECRET_KEY", "a key of its own")
+    assert build_config({"INSTANCE_DIR": str(tmp_path / "other")})["SECRET_KEY"] == "a key of its own"
+
+
+def test_the_wsgi_entry_refuses_the_published_key_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    key = leaked_secret_key()
+    (tmp_path / "secret_key").write_text(key)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RLHF_", "DATABASE_URL"))}
+    done = subprocess.run([sys.executable, "-c", "import webapp.wsgi"], cwd=ROOT, capture_output=True, text=True,
+                          env={**env, "RLHF_INSTANCE_DIR": str(tmp_path), "RLHF_AUTO_INIT_MODEL": "0"})
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "secret key" in errors[0] and "Traceback" not in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("name,value,needle", [

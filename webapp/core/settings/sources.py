@@ -15,7 +15,8 @@ import click
 from flask import current_app
 
 from webapp.core.settings.fields import ROOT, Settings
-from webapp.core.settings.secret_key import secret_key
+from webapp.core.private_files import private_dir
+from webapp.core.settings.secret_key import is_published, secret_key
 from webapp.core.settings.specs import ALL_SETTINGS, APP_SETTINGS, BY_FLAT_NAME, BY_NAME, TRAINING_SETTINGS, Spec
 
 
@@ -172,8 +173,7 @@ def _with_dotted(obj: Any, dotted: list[str], value: Any) -> Any:
 def resolve(overrides: dict[str, Any] | None = None) -> Resolved:
     """Every setting from its sources, parsed and checked (ConfigError on the first bad one)."""
     overrides = dict(overrides or {})
-    folder = instance_dir(overrides)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_dir(instance_dir(overrides))  # 0700 when new (webapp/core/private_files.py)
     passthrough: dict[str, Any] = {}
     entries = _entries(load_instance_py(folder / "config.py"), str(folder / "config.py"), passthrough)
     entries += _entries(load_instance_toml(folder / "config.toml"), str(folder / "config.toml"), passthrough)
@@ -185,6 +185,7 @@ def resolve(overrides: dict[str, Any] | None = None) -> Resolved:
 
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    written_as: dict[str, str] = {}
     for spec, written, raw, source in entries:
         try:
             value = _parse(spec, raw)
@@ -193,7 +194,7 @@ def resolve(overrides: dict[str, Any] | None = None) -> Resolved:
         problem = spec.problem(value)
         if problem:
             raise ConfigError(f"{written}={raw!r} ({source}) {problem}")
-        values[spec.name], sources[spec.name] = value, source
+        values[spec.name], sources[spec.name], written_as[spec.name] = value, source, written
 
     app_values = {s.name: values[s.name] for s in APP_SETTINGS if s.name in values}
     settings = Settings(**app_values)
@@ -209,6 +210,14 @@ def resolve(overrides: dict[str, Any] | None = None) -> Resolved:
     if settings.secret_key is None:
         settings = dataclasses.replace(settings, secret_key=secret_key(folder))
         sources["secret_key"] = str(folder / "secret_key")
+        if is_published(settings.secret_key):
+            raise ConfigError(f"the secret key in {folder / 'secret_key'} was published (it is in this project's "
+                              "git history) and would let anyone sign cookies: delete the file and start again "
+                              "for a new key (everyone signs in again)")
+    elif is_published(settings.secret_key):
+        raise ConfigError(f"{written_as['secret_key']} ({sources['secret_key']}) is a secret key that was published "
+                          "(it is in this project's git history) and would let anyone sign cookies: set a key of "
+                          "your own (python3 -c 'import secrets; print(secrets.token_hex(32))')")
     if settings.database_url is None:
         settings = dataclasses.replace(settings, database_url=f"sqlite:///{folder / 'rlhf.db'}")
     settings = dataclasses.replace(settings, training=training)
