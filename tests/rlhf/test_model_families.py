@@ -165,6 +165,7 @@ def test_chat_batched_compare_and_regenerate(imported):
         deadline = time.monotonic() + 60
         while len(batcher._pending) < len(users) and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert len(batcher._pending) == len(users), "not every request reached the batcher"
     for t in threads:
         t.join(120)
     assert stats.prefills == prefills + 1 and stats.max_rows >= len(users)  # one batch for all of them

@@ -22,7 +22,8 @@ TABLES = {"users", "conversations", "messages", "feedback", "comparisons", "mode
           "assignments", "training_runs", "answer_scores", "audit_events",
           "rater_trust", "rater_assessments", "identity_origins",  # feedback integrity
           "flags", "rail_rules", "rail_interventions",  # safety
-          "api_keys"}  # the /v1 API
+          "api_keys",  # the /v1 API
+          "signin_failures"}  # admin sign-in attempts
 
 
 @pytest.fixture(params=DATABASES)
