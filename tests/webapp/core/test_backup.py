@@ -13,10 +13,12 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -129,17 +131,28 @@ def test_backup_while_users_rate_and_a_run_trains_restores_exactly(tmp_path, mic
             rater.start()
         training = flask(source, "rl-train", "--min-feedback", "10", "--max-steps", "2",
                          database_url=database_url, background=True)
+        deadline = time.monotonic() + 600
         while (len(confirmed) < 6 or not running(app)) and all(r.is_alive() for r in raters) \
-                and training.poll() is None:  # writes are flowing and the run is training
+                and training.poll() is None and time.monotonic() < deadline:  # writes flow, the run trains
             threading.Event().wait(0.2)
         assert all(r.error is None for r in raters), [r.error for r in raters]
+        assert len(confirmed) >= 6 and running(app), (len(confirmed), training.poll())
         committed_before = set(confirmed)
         backup = tmp_path / "backups" / "b1"
-        made = flask(source, "backup", str(backup), database_url=database_url)
+        # the run is held mid-training (not ended) for as long as the backup takes: the snapshot is
+        # of a database with a run in progress, whatever the machine's speed
+        os.kill(training.pid, signal.SIGSTOP)
+        try:
+            made = flask(source, "backup", str(backup), database_url=database_url)
+        finally:
+            os.kill(training.pid, signal.SIGCONT)
         assert made.returncode == 0, made.stdout + made.stderr
         after_backup = len(confirmed)
-        while len(confirmed) < after_backup + 3 and all(r.is_alive() for r in raters):  # ... and go on
+        deadline = time.monotonic() + 300
+        while len(confirmed) < after_backup + 3 and all(r.is_alive() for r in raters) \
+                and time.monotonic() < deadline:  # ... and users go on rating
             threading.Event().wait(0.2)
+        assert len(confirmed) >= after_backup + 3, [r.error for r in raters]
     finally:
         stop.set()
         for rater in raters:
@@ -170,9 +183,9 @@ def test_backup_while_users_rate_and_a_run_trains_restores_exactly(tmp_path, mic
         versions = db.session.scalars(db.select(ModelVersion)).all()
         assert versions and all(not Path(v.path).is_absolute() and v.location.startswith(str(target))
                                 for v in versions)
-        # the run was in the snapshot (normally mid-run: a restored "running" run is recovered as
-        # failed by the next run there, as after a crash)
-        assert db.session.execute(text("SELECT status FROM training_runs")).scalars().all()
+        # the run is in the snapshot mid-run (a restored "running" run is recovered as failed by the
+        # next run there, as after a crash)
+        assert db.session.execute(text("SELECT status FROM training_runs")).scalars().all() == ["running"]
     restored_rows = feedback_rows(new)
     assert committed_before <= set(restored_rows)  # no committed feedback lost
     assert all(source_rows[i] == row for i, row in restored_rows.items())  # no partial or foreign row
