@@ -23,6 +23,7 @@ from rlhf.generation import stream_prompt
 from rlhf.safety import GuardedStream, Rail, guard_result
 
 from webapp.api.errors import ApiError, error_body
+from webapp.api.keys import record_use
 from webapp.api.threads import store_completion
 from webapp.core.extensions import db
 from webapp.serving.routing import Route
@@ -46,9 +47,14 @@ class Job:
     chat_id: str | None
     external_message_id: str | None
     include_usage: bool
+    frontend_task: bool = False  # a front end's own request (a chat title, tags...): not stored
 
 
 def _store(job: Job, route: Route, result: GenerationResult, blocks=()) -> None:
+    if job.frontend_task:  # answered, never stored (webapp.api.frontend_tasks): only the key's use counts
+        record_use(job.key_id)
+        db.session.commit()
+        return
     store_completion(user_id=job.user_id, key_id=job.key_id, messages=job.messages, chat_id=job.chat_id,
                      external_message_id=job.external_message_id, completion_id=job.completion_id, route=route,
                      result=result, blocks=blocks)

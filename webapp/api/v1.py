@@ -18,6 +18,7 @@ from flask import Blueprint, Flask, Response, current_app, g, jsonify, request, 
 from webapp.api import completions
 from webapp.api.errors import ApiError, api_error_response
 from webapp.api.errors import init_app as init_errors
+from webapp.api.frontend_tasks import is_frontend_task
 from webapp.api.keys import find_key, record_use
 from webapp.api.params import completion_request, header_text, json_object, text_value
 from webapp.api.users import KeyInfo, api_user, external_user
@@ -131,7 +132,7 @@ def chat_completions():
     job = completions.new_job(completion_id="chatcmpl-" + secrets.token_urlsafe(18), model=asked.model,
                               messages=asked.messages, settings=settings, stops=asked.stop, user_id=user.id,
                               key_id=key.id, chat_id=chat_id, external_message_id=message_id,
-                              include_usage=asked.include_usage)
+                              include_usage=asked.include_usage, frontend_task=is_frontend_task(asked.messages))
     rail = rail_for(route)
     g.api_use_recorded = True  # counted with the stored answer
     if not asked.stream:
