@@ -4,7 +4,7 @@ official ``openai`` package -- models, streamed and whole completions, usage, ``
 SDK's own exceptions for a bad key, a bad request, a used-up rate limit and an unknown model."""
 from __future__ import annotations
 
-import time
+import threading
 
 import openai
 import pytest
@@ -105,25 +105,44 @@ def test_stop_and_max_completion_tokens(live):
         cut.choices[0].message.content
 
 
-def test_a_client_that_goes_away_mid_stream(live):
-    client = sdk(live)
-    full = client.chat.completions.create(model=MODEL, messages=RICE, **SEEDED).choices[0].message.content
-    stream = client.chat.completions.create(model=MODEL, messages=RICE, stream=True, user="quitter", **SEEDED)
-    received, completion_id = "", None
-    for chunk in stream:
-        completion_id = chunk.id
-        received += chunk.choices[0].delta.content or ""
-        if received.strip():
-            break
-    stream.close()  # the connection is closed mid-answer
-    deadline = time.monotonic() + 60
-    answer = stored(live, completion_id)
-    while answer is None and time.monotonic() < deadline:  # the server notices at its next write
-        time.sleep(0.1)
-        answer = stored(live, completion_id)
-    assert answer is not None, "the interrupted answer was not stored"
-    assert full.startswith(answer.content) and answer.content.startswith(received.strip())
-    assert client.chat.completions.create(model=MODEL, messages=RICE, max_tokens=2).choices  # still serving
+def test_a_client_that_goes_away_mid_stream_stops_the_generation(tmp_path, micro_model_dir, monkeypatch):
+    """The answer's generation ends when its client goes away: the row is cancelled, far short of the
+    answer it would have become. The app is served in this process (werkzeug's threaded server, a
+    real socket) so that the test can hold the model's worker: the client reads the stream's first
+    event and hangs up before any token is generated, whatever the machine's speed."""
+    from werkzeug.serving import make_server
+
+    from rlhf.generation import batcher_for
+    from tests.rlhf.test_model_families import loaded_of
+
+    app = make_app(tmp_path / "instance", RLHF_MAX_NEW_TOKENS=80)
+    register_model(app, micro_model_dir)
+    with app.app_context():
+        key = create_api_key("quitter", None)[1]
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{server.server_port}/v1", api_key=key, max_retries=0, timeout=60)
+        full = client.chat.completions.create(model=MODEL, messages=RICE, **SEEDED)
+        assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens >= 60  # a long answer
+        batcher = batcher_for(loaded_of(app, "v1-base"))
+        rows = []
+        submit = batcher.submit
+        monkeypatch.setattr(batcher, "submit", lambda row: (rows.append(row), submit(row))[1])
+        with batcher.held():  # the request's row waits in the queue until the client has gone
+            stream = client.chat.completions.create(model=MODEL, messages=RICE, stream=True, user="quitter",
+                                                    **SEEDED)
+            first = next(iter(stream))
+            assert first.choices[0].delta.role == "assistant"
+            stream.close()  # the connection is closed before the answer's first token
+        [row] = rows
+        assert row.finished.wait(60), "the generation never ended"
+        assert row.finish == "cancelled" and len(row.ids) < full.usage.completion_tokens, (row.finish, len(row.ids))
+        assert client.chat.completions.create(model=MODEL, messages=RICE, max_tokens=2).choices  # still serving
+    finally:
+        server.shutdown()
+        with app.app_context():
+            db.engine.dispose()
 
 
 def test_feedback_by_completion_id(live):
