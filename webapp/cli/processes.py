@@ -27,6 +27,23 @@ def gunicorn_settings(host: str, port: int, workers: int, threads: int) -> dict:
             "accesslog": "-", "access_log_format": ACCESS_LOG_FORMAT}
 
 
+def write_json_error(sock, status_int: int, reason: str, mesg: str) -> None:
+    """gunicorn's answer to a request it cannot parse (a control character in a header, a bad request
+    line, headers too large: it never reaches the app), as an OpenAI-shaped JSON error instead of its
+    HTML page, so `/v1` clients read every error the same way. Replaces ``gunicorn.util.write_error``
+    in the worker process (``serve``)."""
+    import json
+
+    from gunicorn.util import write_nonblock
+
+    kind = "invalid_request_error" if status_int < 500 else "server_error"
+    body = json.dumps({"error": {"message": f"{reason}: {mesg}" if mesg else reason, "type": kind,
+                                 "param": None, "code": None}}).encode()
+    head = (f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
+    write_nonblock(sock, head + body)
+
+
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
@@ -54,6 +71,9 @@ def serve_command(host: str, port: int, threads: int, workers: int) -> None:
 
         def load(self):
             # in the worker process, after gunicorn forked it
+            import gunicorn.util
+
+            gunicorn.util.write_error = write_json_error  # read at call time by the worker's handle_error
             inference_threads = int(app.config["RLHF_INFERENCE_THREADS"])
             if inference_threads > 0:
                 import torch

@@ -187,3 +187,29 @@ def test_the_sdks_exceptions(live, monkeypatch):
     assert 0 < int(limit.value.response.headers["retry-after"]) <= 3600
     assert client.models.list()  # the other keys have their own limits
 
+
+
+@pytest.mark.parametrize("raw", [
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-OpenWebUI-Chat-Id: a\x01b\r\nContent-Length: 0\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nBad Header Name: 1\r\n\r\n",
+    b"GET /v1/models\x01 HTTP/1.1\r\nHost: x\r\n\r\n",
+])
+def test_a_request_the_server_cannot_parse_gets_an_openai_shaped_error(live, raw):
+    """gunicorn refuses these before the app sees them; its answer is JSON in OpenAI's error shape
+    (it was an HTML page), so a client reads every /v1 error the same way."""
+    import json
+    import socket
+
+    server = live[0]
+    with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=30) as sock:
+        sock.sendall(raw)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *headers = head.decode("latin-1").split("\r\n")
+    assert status_line.startswith("HTTP/1.1 400 "), status_line
+    assert "Content-Type: application/json" in headers
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and error["message"].startswith("Bad Request")
+    assert set(error) == {"message", "type", "param", "code"}
