@@ -6,12 +6,9 @@ Before, a hand-written stand-in took its place: it listed a model name the real 
 and accepted whatever feedback it was sent."""
 from __future__ import annotations
 
-import pytest
-
 from rlhf.sim.users import ApiUser, Behaviour
-from tests.support.app import make_app, register_model
-from tests.support.live_server import LiveServer
-from webapp.api.keys import create_api_key
+from tests.support.app import make_app
+from tests.webapp.api.test_v1_sdk import live  # noqa: F401 (a fixture: the production server, keys made)
 from webapp.core.extensions import db
 from webapp.core.identity import api_anon_id
 from webapp.core.models import ApiKey, Conversation, Feedback, Flag, Message, User
@@ -19,26 +16,12 @@ from webapp.core.models import ApiKey, Conversation, Feedback, Flag, Message, Us
 QUESTION = "How do I keep basil alive?"
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory, micro_model_dir):
-    instance = tmp_path_factory.mktemp("sim-api") / "instance"
-    app = make_app(instance)
-    register_model(app, micro_model_dir)
-    with app.app_context():
-        key = create_api_key("simulator", "sim")[1]
-    server = LiveServer(instance, env={"RLHF_EMBEDDED_PRESET": "micro", "RLHF_MAX_NEW_TOKENS": "24"})
-    try:
-        yield server, instance, key
-    finally:
-        server.stop()
-
-
 def stored(instance, user: str) -> dict:
-    """What the server stored for the end user ``user`` of the "sim" client."""
+    """What the server stored for the end user ``user`` of the "front" client (the key "front-a")."""
     app = make_app(instance)
     with app.app_context():
         try:
-            person = db.session.scalars(db.select(User).filter_by(anon_id=api_anon_id("sim", user))).first()
+            person = db.session.scalars(db.select(User).filter_by(anon_id=api_anon_id("front", user))).first()
             if person is None:
                 return {"answers": {}, "feedback": {}, "flags": {}}
             answers = {m.completion_id: m for m in db.session.scalars(
@@ -57,7 +40,8 @@ def stored(instance, user: str) -> dict:
 
 
 def test_an_api_user_speaks_the_real_v1_contract(live):
-    server, instance, key = live
+    server, instance, keys = live
+    key = keys["front-a"]
     rater = ApiUser(server.url, key, "polite", seed=3, behaviour=Behaviour(noise=0, rate_prob=1, regenerate_prob=1,
                                                                             flag_prob=1, chip_prob=1))
     assert rater.model == "rlhf-chat"  # the public name GET /v1/models lists (never a version's name)
@@ -66,7 +50,7 @@ def test_an_api_user_speaks_the_real_v1_contract(live):
     watched = watcher.ask(QUESTION)
 
     mine = stored(instance, "sim-3")
-    assert mine["keys"] == {"simulator"}
+    assert mine["keys"] == {"front-a"}
     # every answer it was given is stored as its own, with the text it saw
     assert {i.completion_id: i.answer for i in interactions} == mine["answers"]
     rated = [i for i in interactions if i.events]
