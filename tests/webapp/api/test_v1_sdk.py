@@ -5,6 +5,7 @@ SDK's own exceptions for a bad key, a bad request, a used-up rate limit and an u
 from __future__ import annotations
 
 import threading
+import time
 
 import openai
 import pytest
@@ -108,12 +109,12 @@ def test_stop_and_max_completion_tokens(live):
 def test_a_client_that_goes_away_mid_stream_stops_the_generation(tmp_path, micro_model_dir, monkeypatch):
     """The answer's generation ends when its client goes away: the row is cancelled, far short of the
     answer it would have become. The app is served in this process (werkzeug's threaded server, a
-    real socket) so that the test can hold the model's worker: the client reads the stream's first
-    event and hangs up before any token is generated, whatever the machine's speed."""
+    real socket) so that the test can gate the model's worker: the answer's row reaches the worker
+    only after the client has read the stream's first event and hung up, whatever the machine's
+    speed."""
     from werkzeug.serving import make_server
 
-    from rlhf.generation import batcher_for
-    from tests.rlhf.test_model_families import loaded_of
+    from rlhf.generation.batcher import _Batcher
 
     app = make_app(tmp_path / "instance", RLHF_MAX_NEW_TOKENS=80)
     register_model(app, micro_model_dir)
@@ -125,17 +126,25 @@ def test_a_client_that_goes_away_mid_stream_stops_the_generation(tmp_path, micro
         client = OpenAI(base_url=f"http://127.0.0.1:{server.server_port}/v1", api_key=key, max_retries=0, timeout=60)
         full = client.chat.completions.create(model=MODEL, messages=RICE, **SEEDED)
         assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens >= 60  # a long answer
-        batcher = batcher_for(loaded_of(app, "v1-base"))
-        rows = []
-        submit = batcher.submit
-        monkeypatch.setattr(batcher, "submit", lambda row: (rows.append(row), submit(row))[1])
-        with batcher.held():  # the request's row waits in the queue until the client has gone
-            stream = client.chat.completions.create(model=MODEL, messages=RICE, stream=True, user="quitter",
-                                                    **SEEDED)
-            first = next(iter(stream))
-            assert first.choices[0].delta.role == "assistant"
-            stream.close()  # the connection is closed before the answer's first token
-        [row] = rows
+        rows, gone = [], threading.Event()
+        submit = _Batcher.submit
+
+        def gated(batcher, row):  # whichever model worker takes the row: it waits for the hang-up
+            rows.append(row)
+            assert gone.wait(60), "the client never hung up"
+            submit(batcher, row)
+
+        monkeypatch.setattr(_Batcher, "submit", gated)
+        stream = client.chat.completions.create(model=MODEL, messages=RICE, stream=True, user="quitter", **SEEDED)
+        first = next(iter(stream))
+        assert first.choices[0].delta.role == "assistant"
+        stream.close()  # the connection is closed before the answer's first token
+        gone.set()
+        deadline = time.monotonic() + 60
+        while not rows and time.monotonic() < deadline:  # the request's thread reached the worker
+            time.sleep(0.05)
+        assert len(rows) == 1, rows
+        row = rows[0]
         assert row.finished.wait(60), "the generation never ended"
         assert row.finish == "cancelled" and len(row.ids) < full.usage.completion_tokens, (row.finish, len(row.ids))
         assert client.chat.completions.create(model=MODEL, messages=RICE, max_tokens=2).choices  # still serving
