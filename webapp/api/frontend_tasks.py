@@ -7,8 +7,8 @@ that person's conversation (Open WebUI's own titles then read "Task: Generate a 
 and training data that taught the model to answer questions with JSON titles. They are answered
 like any completion and never stored: no conversation, no answer to rate, nothing to train on.
 
-Recognised by the opening of Open WebUI's default templates (``DEFAULT_*_PROMPT_TEMPLATE`` in
-open_webui/config.py): "### Task:" for all but two, whose openings are listed too. A template an
+Recognised by the opening of Open WebUI's default templates (its ``DEFAULT_*_PROMPT_TEMPLATE``
+settings): "### Task:" for all but two, whose openings are listed too. A template an
 admin rewrote to open differently is not recognised (docs/integrations/open-webui.md).
 """
 from __future__ import annotations

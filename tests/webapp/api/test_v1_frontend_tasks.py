@@ -10,7 +10,7 @@ from webapp.api.frontend_tasks import is_frontend_task
 from webapp.core.extensions import db
 from webapp.core.models import ApiKey, Conversation, Message
 
-# Open WebUI 0.12.4's default title template (open_webui/config.py), as it fills it in
+# Open WebUI 0.12.4's default title template (its DEFAULT_TITLE_GENERATION_PROMPT_TEMPLATE), as it fills it in
 TITLE_TASK = """### Task:
 Generate a concise title summarizing the chat history.
 ### Guidelines:

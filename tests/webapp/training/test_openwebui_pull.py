@@ -20,7 +20,7 @@ from webapp.core.settings import ConfigError, effective
 from webapp.training import openwebui_pull, scheduler
 
 ADMIN_KEY = "sk-owui-admin-0123456789"
-# Open WebUI's own route (open_webui/routers/evaluations.py), written out here rather than taken from
+# Open WebUI's own route (its admin feedback export), written out here rather than taken from
 # the code under test, so a wrong path in the code fails these tests.
 OPEN_WEBUI_EXPORT_PATH = "/api/v1/evaluations/feedbacks/all/export"
 
