@@ -37,6 +37,9 @@ class MessageRecord:
     parent_id: int | None = None
     feedback: FeedbackRecord | None = None  # the conversation owner's feedback (assistant messages)
     model_version: str | None = None
+    # A guided regeneration's instruction ("More Concise"): this answer was asked for instead of a sibling,
+    # with that change in mind; its prompt is still its question (the parent), never the sibling.
+    guidance: str | None = None
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ class Row:
         self.done: Done | None = None
         self.ids: list[int] = []
         self.text = ""  # decoded answer so far (leading space stripped, stop string cut off)
+        self.continues = False  # continuing an answer in the prompt: its first piece's leading space is kept
         self.emitted = 0  # len(text) already handed out
         self.finish: str | None = None
         self.generator: torch.Generator | None = None  # a seeded row's own (made by the worker)
@@ -85,7 +86,7 @@ class Row:
     def _add(self, piece: str) -> None:
         """Append decoded text: cut at a stop string, hand out what cannot be the start of one."""
         text = self.text + piece
-        if not self.emitted:
+        if not self.emitted and not self.continues:
             text = text.lstrip()  # answers start after "Assistant:" with a space
         # a stop string cannot start in text already handed out (that text never ends in a prefix of one)
         cut = min((i for i in (text.find(s, self.emitted) for s in self.stops) if i >= 0), default=-1)

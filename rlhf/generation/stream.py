@@ -150,14 +150,18 @@ def stream_chat(loaded: LoadedModel, messages: list[dict], settings: GenerationS
 
 def stream_prompt(loaded: LoadedModel, prompt_ids: list[int], settings: GenerationSettings,
                   cancel: threading.Event | None = None, started: float | None = None, *,
-                  extra_stops: tuple[str, ...] = (), extra_end_ids: tuple[int, ...] = ()) -> StreamHandle:
+                  extra_stops: tuple[str, ...] = (), extra_end_ids: tuple[int, ...] = (),
+                  continues: bool = False) -> StreamHandle:
     """``stream_chat`` for a prompt already rendered and tokenized (the caller fits it to the
     context window). ``extra_stops`` / ``extra_end_ids`` end the answer too, besides the chat
-    template's own turn markers."""
+    template's own turn markers. ``continues``: the prompt ends inside an answer (``render_prompt``
+    of a conversation whose last message is the assistant's), so the text is its continuation and
+    keeps its leading space ("Paris" + " is ...")."""
     settings.validate()
     handle = StreamHandle(loaded, list(prompt_ids), settings, cancel or threading.Event(),
                           time.perf_counter() if started is None else started)
     row = handle._row
+    row.continues = continues
     if extra_stops:
         row.stops = tuple(dict.fromkeys((*row.stops, *(s for s in extra_stops if s))))
     if extra_end_ids:

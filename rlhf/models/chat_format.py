@@ -58,7 +58,12 @@ def prepare_model_and_tokenizer(model: Any, tokenizer: Any) -> None:
 
 
 def render_prompt(tokenizer: Any, messages: list[dict]) -> str:
-    """The conversation as text, ending with the assistant generation prompt."""
+    """The conversation as text, ending with the assistant generation prompt -- or, when the last
+    message is the assistant's, ending inside that answer (no end-of-turn after it), so that the
+    model continues it (transformers' ``continue_final_message``, as vLLM and llama.cpp do for an
+    OpenAI request whose last message is the assistant's)."""
+    if messages and messages[-1].get("role") == "assistant":
+        return tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 

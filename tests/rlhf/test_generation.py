@@ -120,3 +120,32 @@ def test_pool_loads_each_model_once(micro_model_dir):
     for t in threads:
         t.join()
     assert len({id(r) for r in results}) == 1 and pool.loaded() == [str(micro_model_dir)]
+
+
+@pytest.mark.parametrize("family", ["plain", "qwen2", "llama"])
+def test_a_final_assistant_message_is_continued_not_answered(loaded, family):
+    """An OpenAI request ending with the assistant's answer so far (Open WebUI's Continue Response):
+    the prompt ends inside that answer, with no end of turn after it, and the continuation keeps its
+    leading space."""
+    from tests.support.model_families import build_tokenizer
+    from rlhf.models.chat_format import prepare_tokenizer, render_prompt
+
+    tok = loaded.tokenizer if family == "plain" else build_tokenizer(family)
+    prepare_tokenizer(tok)
+    chat = [{"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": "The capital of France"}]
+    prompt = render_prompt(tok, chat)
+    assert prompt.endswith("The capital of France")
+    asked = render_prompt(tok, chat[:1])  # the question's own rendering, ending with the generation prompt
+    assert prompt.startswith(asked) and prompt[len(asked):].strip() == "The capital of France"
+    row = Row([], GenerationSettings(max_new_tokens=50), threading.Event(), tok)
+    row.continues = True
+    for token in tok(" is Paris.", add_special_tokens=False)["input_ids"]:
+        row.take(token)
+    row.close()
+    assert row.done.text == " is Paris."
+    new = Row([], GenerationSettings(max_new_tokens=50), threading.Event(), tok)
+    for token in tok(" Paris.", add_special_tokens=False)["input_ids"]:
+        new.take(token)
+    new.close()
+    assert new.done.text == "Paris."  # a new answer starts after the role marker's space, trimmed

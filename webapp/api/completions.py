@@ -48,6 +48,16 @@ class Job:
     external_message_id: str | None
     include_usage: bool
     frontend_task: bool = False  # a front end's own request (a chat title, tags...): not stored
+    user_message_id: str | None = None  # the front end's id of the question (X-OpenWebUI-User-Message-Id)
+
+    @property
+    def continues(self) -> bool:
+        """The last message is an answer so far: the reply continues it (webapp.api.threads)."""
+        return self.messages[-1]["role"] == "assistant"
+
+    def said(self, sent: str) -> str:
+        """The text of a reply as stored and returned: trimmed, but a continuation keeps its leading space."""
+        return sent.rstrip() if self.continues else sent.strip()
 
 
 def _store(job: Job, route: Route, result: GenerationResult, blocks=()) -> None:
@@ -57,7 +67,7 @@ def _store(job: Job, route: Route, result: GenerationResult, blocks=()) -> None:
         return
     store_completion(user_id=job.user_id, key_id=job.key_id, messages=job.messages, chat_id=job.chat_id,
                      external_message_id=job.external_message_id, completion_id=job.completion_id, route=route,
-                     result=result, blocks=blocks)
+                     result=result, blocks=blocks, user_message_id=job.user_message_id)
 
 
 def _usage(prompt_tokens: int, result: GenerationResult) -> dict[str, int]:
@@ -66,7 +76,7 @@ def _usage(prompt_tokens: int, result: GenerationResult) -> dict[str, int]:
 
 
 def _whole(loaded: LoadedModel, prompt: list[int], job: Job) -> GenerationResult:
-    handle = stream_prompt(loaded, prompt, job.settings, extra_stops=job.stops)
+    handle = stream_prompt(loaded, prompt, job.settings, extra_stops=job.stops, continues=job.continues)
     try:
         for _ in handle.chunks:
             pass
@@ -112,7 +122,7 @@ def stream(job: Job, route: Route, loaded: LoadedModel, rail: Rail | None) -> It
                        **usage_field})
 
     guarded = GuardedStream(rail, job.messages, lambda: stream_prompt(loaded, prompt, job.settings,
-                                                                      extra_stops=job.stops),
+                                                                      extra_stops=job.stops, continues=job.continues),
                             can_retract=False)
     sent: list[str] = []
 
@@ -140,10 +150,10 @@ def stream(job: Job, route: Route, loaded: LoadedModel, rail: Rail | None) -> It
                 guarded.close()  # stops the generation
             if not finished and guarded.stopped and guarded.outcome is not None and "".join(sent).strip():
                 outcome = guarded.outcome  # the client went away: keep what it was sent
-                _store(job, route, replace(outcome.result, text="".join(sent).strip()), outcome.blocks)
+                _store(job, route, replace(outcome.result, text=job.said("".join(sent))), outcome.blocks)
         outcome = guarded.outcome
         assert outcome is not None
-        result = replace(outcome.result, text="".join(sent).strip())
+        result = replace(outcome.result, text=job.said("".join(sent)))
         _store(job, route, result, outcome.blocks)
         yield chunk({}, FINISH_REASONS.get(result.finish_reason, "stop"))
         if job.include_usage:

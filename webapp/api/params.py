@@ -30,6 +30,11 @@ class CompletionRequest:
     stop: tuple[str, ...]
     seed: int | None
 
+    @property
+    def continues(self) -> bool:
+        """The last message is an answer of the assistant's to continue (the reply is its continuation)."""
+        return self.messages[-1]["role"] == "assistant"
+
 
 def json_object() -> dict[str, Any]:
     try:
@@ -134,8 +139,13 @@ def _messages(value: Any) -> tuple[dict[str, str], ...]:
     if total > history_limit:
         raise ApiError(400, f"The messages hold {total} characters; the limit is {history_limit}. Send the recent "
                             "history only.", "messages", "context_length_exceeded")
-    if out[-1]["role"] != "user" or not out[-1]["content"]:
-        raise ApiError(400, "The last message must be the user's question (role 'user', not empty).", "messages")
+    # The last message is the user's question, or an answer of the assistant's to continue (Open WebUI's
+    # "Continue Response"; vLLM and llama.cpp continue a final assistant message the same way).
+    if out[-1]["role"] not in ("user", "assistant") or not out[-1]["content"] \
+            or not any(m["role"] == "user" for m in out):
+        raise ApiError(400, "The last message must be the user's question (role 'user', not empty), or an answer of "
+                            "the assistant's to continue (role 'assistant', not empty, after a user message).",
+                       "messages")
     return tuple(out)
 
 

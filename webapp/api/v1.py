@@ -38,6 +38,10 @@ bp.register_error_handler(ApiError, api_error_response)
 
 CHAT_HEADER = "X-OpenWebUI-Chat-Id"
 MESSAGE_HEADER = "X-OpenWebUI-Message-Id"
+# Connection headers an Open WebUI admin can add (docs/integrations/open-webui.md): the question's id
+# ({{USER_MESSAGE_ID}}: guided regenerations recognised exactly) and the task ({{TASK}}: set for titles, tags...)
+USER_MESSAGE_HEADER = "X-OpenWebUI-User-Message-Id"
+TASK_HEADER = "X-OpenWebUI-Task"
 MAX_HEADER_CHARS = 200
 FEEDBACK_FIELDS = ("thumb", "rating", "correction", "comment", "reasons")
 
@@ -119,7 +123,7 @@ def chat_completions():
     if asked.model != current_app.config["RLHF_API_MODEL_NAME"]:
         raise _model_not_found(asked.model)
     key: KeyInfo = g.api_key
-    chat_id, message_id = _header(CHAT_HEADER), _header(MESSAGE_HEADER)
+    chat_id, message_id, question_id = _header(CHAT_HEADER), _header(MESSAGE_HEADER), _header(USER_MESSAGE_HEADER)
     user = api_user(key, external_user(key, body))
     route, loaded = serve(route_for(user))  # 503 when no version can answer, before anything is written
     settings = generation_settings()
@@ -132,7 +136,8 @@ def chat_completions():
     job = completions.new_job(completion_id="chatcmpl-" + secrets.token_urlsafe(18), model=asked.model,
                               messages=asked.messages, settings=settings, stops=asked.stop, user_id=user.id,
                               key_id=key.id, chat_id=chat_id, external_message_id=message_id,
-                              include_usage=asked.include_usage, frontend_task=is_frontend_task(asked.messages))
+                              include_usage=asked.include_usage, user_message_id=question_id,
+                              frontend_task=bool(_header(TASK_HEADER)) or is_frontend_task(asked.messages))
     rail = rail_for(route)
     g.api_use_recorded = True  # counted with the stored answer
     if not asked.stream:

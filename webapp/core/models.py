@@ -104,6 +104,9 @@ class Message(db.Model):
         ForeignKey("api_keys.id", ondelete="SET NULL", name="fk_messages_api_key_id"), index=True)
     completion_id: Mapped[Optional[str]] = mapped_column(String(64))
     external_message_id: Mapped[Optional[str]] = mapped_column(String(200), index=True)
+    # A guided regeneration's instruction (Open WebUI's "More Concise", "Add Details" or a typed change):
+    # the answer is a sibling of the one it replaces, asked for with this change in mind (webapp.api.threads).
+    guidance: Mapped[Optional[str]] = mapped_column(Text)
 
     conversation = relationship("Conversation", back_populates="messages")
     model_version = relationship("ModelVersion")
