@@ -11,15 +11,15 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from flask import Flask  # noqa: E402
 
-from webapp.core.settings import ROOT, build_config  # noqa: E402
+from webapp.core.settings import ASSETS, build_config  # noqa: E402
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     """Build the app. ``config`` overrides every other source (see webapp/core/settings/). The
     database is brought to the code's schema revision on the way (webapp/core/migrations.py)."""
     cfg = build_config(config)
-    app = Flask(__name__, instance_path=cfg["INSTANCE_DIR"], template_folder=str(ROOT / "templates"),
-                static_folder=str(ROOT / "static"))
+    app = Flask(__name__, instance_path=cfg["INSTANCE_DIR"], template_folder=str(ASSETS / "templates"),
+                static_folder=str(ASSETS / "static"))
     app.config.update(cfg)
     from webapp.core.private_files import secure_instance
 

@@ -20,9 +20,9 @@ tables of docs/configuration.md). The names below are the ones the rest of the a
 from __future__ import annotations
 
 from webapp.core.settings.documentation import effective, markdown_tables
-from webapp.core.settings.fields import ROOT, Settings
+from webapp.core.settings.fields import ASSETS, ROOT, Settings
 from webapp.core.settings.sources import ConfigError, build_config, current_settings, resolve
 from webapp.core.settings.specs import ALL_SETTINGS
 
-__all__ = ["ALL_SETTINGS", "ROOT", "ConfigError", "Settings", "build_config", "current_settings", "effective",
-           "markdown_tables", "resolve"]
+__all__ = ["ALL_SETTINGS", "ASSETS", "ROOT", "ConfigError", "Settings", "build_config", "current_settings",
+           "effective", "markdown_tables", "resolve"]

@@ -14,7 +14,12 @@ from rlhf.settings import CycleSettings
 
 from webapp.core.metric_catalog import METRIC_NAMES
 
-ROOT = Path(__file__).resolve().parents[3]  # the repository root
+# The folder of the webapp and rlhf packages: the repository root, or site-packages when installed
+# from a wheel (pip install . included). The wheel ships templates/ and static/ inside the webapp
+# package (setup.py), and there the instance folder defaults to ./instance of the working directory.
+ROOT = Path(__file__).resolve().parents[3]
+INSTALLED_FROM_WHEEL = (ROOT / "webapp" / "templates").is_dir()
+ASSETS = ROOT / "webapp" if INSTALLED_FROM_WHEEL else ROOT  # the folder holding templates/ and static/
 
 
 def setting(default: Any, doc: str, group: str, *, key: str | None = None, env: str | None = None,

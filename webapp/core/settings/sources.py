@@ -14,7 +14,7 @@ from typing import Any, Union, get_args, get_origin
 import click
 from flask import current_app
 
-from webapp.core.settings.fields import ROOT, Settings
+from webapp.core.settings.fields import INSTALLED_FROM_WHEEL, ROOT, Settings
 from webapp.core.private_files import private_dir
 from webapp.core.settings.secret_key import is_published, secret_key
 from webapp.core.settings.specs import ALL_SETTINGS, APP_SETTINGS, BY_FLAT_NAME, BY_NAME, TRAINING_SETTINGS, Spec
@@ -87,8 +87,10 @@ def _parse(spec: Spec, raw: Any) -> Any:
 # ---------------------------------------------------------------------------- the sources
 
 def instance_dir(overrides: dict[str, Any] | None = None) -> Path:
-    """The instance folder: create_app(config) > $RLHF_INSTANCE_DIR > <repo>/instance."""
-    raw = (overrides or {}).get("INSTANCE_DIR") or os.environ.get("RLHF_INSTANCE_DIR") or ROOT / "instance"
+    """The instance folder: create_app(config) > $RLHF_INSTANCE_DIR > <repo>/instance (./instance when
+    installed from a wheel: site-packages is no place for it)."""
+    default = Path("instance") if INSTALLED_FROM_WHEEL else ROOT / "instance"
+    raw = (overrides or {}).get("INSTANCE_DIR") or os.environ.get("RLHF_INSTANCE_DIR") or default
     return Path(raw).expanduser().resolve()
 
 
