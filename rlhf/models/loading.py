@@ -34,16 +34,59 @@ def _one_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+def gguf_file(source: str | Path, setting: str = "model") -> tuple[str, str] | None:
+    """(folder, file name) when ``source`` is a GGUF file -- the format Ollama, llama.cpp and LM Studio
+    keep models in -- or a folder holding one (and no ``config.json``); None otherwise. A folder with
+    several is an error naming them: which one is the operator's choice."""
+    path = Path(str(source)).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return str(path.parent), path.name
+    if path.is_dir() and not (path / "config.json").exists():
+        found = sorted(f.name for f in path.iterdir() if f.suffix.lower() == ".gguf" and f.is_file())
+        if len(found) > 1:
+            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+            raise ModelLoadError(f"{setting}={str(source)!r} holds {len(found)} GGUF files ({shown}): name one of "
+                                 "them")
+        if found:
+            return str(path), found[0]
+    return None
+
+
+def _load_gguf(folder: str, name: str, source: str | Path, setting: str, dtype: torch.dtype | None) -> tuple[Any, Any]:
+    """A GGUF model through transformers' GGUF support, dequantized: a plain model that saves as one.
+    transformers marks it quantized (``hf_quantizer``, ``config.quantization_config``) although its
+    weights are ordinary float tensors after loading, and then refuses ``save_pretrained``."""
+    from transformers.utils import is_gguf_available
+
+    if not is_gguf_available():
+        raise ModelLoadError(f"{setting}={str(source)!r} is a GGUF file: reading one needs the gguf package "
+                             "(pip install gguf)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype or torch.float32)
+    except Exception as exc:  # a file of any bytes: a reader's error of any kind (struct.error, ...) means unreadable
+        raise ModelLoadError(f"{setting}={str(source)!r} could not be loaded as GGUF: {_one_line(exc)}") from exc
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model, tokenizer
+
+
 def load_causal_lm(source: str | Path, device: torch.device | str = "cpu", setting: str = "model",
                    dtype: torch.dtype | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) from a hub id or a directory, in eval mode on ``device``. A LoRA adapter
-    version (rlhf.models.adapters) loads as its base with the adapter merged: a plain model.
+    """(model, tokenizer) from a hub id, a directory or a GGUF file (or a folder holding one), in eval
+    mode on ``device``. A LoRA adapter version (rlhf.models.adapters) loads as its base with the
+    adapter merged: a plain model.
 
     ``setting`` names where ``source`` came from, so the error tells the operator what to fix.
     """
+    gguf = gguf_file(source, setting)
+    if gguf is not None:
+        model, tokenizer = _load_gguf(*gguf, source, setting, dtype)
+        return _ready(model, tokenizer, source, setting, device)
     looks_local = str(source).startswith(("/", ".", "~")) or Path(str(source)).exists()
     if looks_local and not Path(str(source)).expanduser().is_dir():
-        raise ModelLoadError(f"{setting}={str(source)!r} could not be loaded: no such directory")
+        raise ModelLoadError(f"{setting}={str(source)!r} could not be loaded: no such directory or GGUF file")
     if looks_local and is_adapter(source):  # a LoRA version: its base with the adapter merged in
         try:
             base = base_of(source)
@@ -66,6 +109,11 @@ def load_causal_lm(source: str | Path, device: torch.device | str = "cpu", setti
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:  # corrupt weights: SafetensorError
         hint = "" if Path(str(source)).exists() else " (not a local directory; hub ids need internet access)"
         raise ModelLoadError(f"{setting}={str(source)!r} could not be loaded{hint}: {_one_line(exc)}") from exc
+    return _ready(model, tokenizer, source, setting, device)
+
+
+def _ready(model: Any, tokenizer: Any, source: str | Path, setting: str,
+           device: torch.device | str) -> tuple[Any, Any]:
     try:
         prepare_model_and_tokenizer(model, tokenizer)
     except ValueError as exc:  # no EOS
@@ -73,6 +121,18 @@ def load_causal_lm(source: str | Path, device: torch.device | str = "cpu", setti
     model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def _gguf_config(gguf: tuple[str, str], source: str, setting: str) -> Any:
+    from transformers import AutoConfig
+    from transformers.utils import is_gguf_available
+
+    if not is_gguf_available():
+        raise ModelLoadError(f"{setting}={source!r} is a GGUF file: reading one needs the gguf package (pip install gguf)")
+    try:
+        return AutoConfig.from_pretrained(gguf[0], gguf_file=gguf[1])
+    except Exception as exc:  # as in _load_gguf
+        raise ModelLoadError(f"{setting}={source!r} could not be loaded as GGUF: {_one_line(exc)}") from exc
 
 
 def _check_architecture(source: str, setting: str) -> None:
@@ -83,10 +143,12 @@ def _check_architecture(source: str, setting: str) -> None:
                                                         MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
 
     local = Path(str(source)).expanduser()
-    if (str(source).startswith(("/", ".", "~")) or local.exists()) and (not local.is_dir() or is_adapter(local)):
+    gguf = gguf_file(source, setting)
+    if gguf is None and (str(source).startswith(("/", ".", "~")) or local.exists()) \
+            and (not local.is_dir() or is_adapter(local)):
         return  # load_causal_lm says what is wrong with such a directory
     try:
-        model_type = AutoConfig.from_pretrained(str(source)).model_type
+        model_type = (_gguf_config(gguf, source, setting) if gguf else AutoConfig.from_pretrained(str(source))).model_type
     except (OSError, ValueError, KeyError) as exc:
         hint = "" if Path(str(source)).exists() else " (not a local directory; hub ids need internet access)"
         raise ModelLoadError(f"{setting}={source!r} could not be loaded{hint}: {_one_line(exc)}") from exc
@@ -117,7 +179,8 @@ def _check_chat_template(tokenizer: Any, source: str, setting: str) -> None:
 
 
 def import_pretrained(source: str, out_dir: str | Path, setting: str = "RLHF_BASE_MODEL") -> dict:
-    """Copy a hub/local model into the store as a chat- and PPO-ready version: adds a pad token
+    """Copy a hub/local model (or a GGUF file, dequantized: :func:`gguf_file`) into the store as a
+    plain chat- and PPO-ready version: adds a pad token
     distinct from EOS (resizing embeddings only when it does not fit), left padding and a chat
     template when missing; a model's own template is kept. What cannot work fails here, with one
     line naming what is missing (:class:`ModelLoadError`): no causal-LM or sequence-classification
