@@ -1,12 +1,13 @@
 """The pages' JavaScript: native ES modules, no build step. Each module stays small, every import
-names a file and an export that exist (a wrong one would only fail in the browser), the pages load
-their scripts as modules, and one module (static/js/http.js) is the only one that calls fetch()."""
+names a file and an export that exist (a wrong one would only fail in the browser), no modules import
+each other in a circle, the pages load their scripts as modules, and one module (static/js/http.js)
+is the only one that calls fetch()."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from tests.meta.test_architecture import architecture_map
+from tests.meta.test_architecture import architecture_map, find_cycle
 
 from tests.support.paths import ROOT  # noqa: E402
 JS = ROOT / "static" / "js"
@@ -83,6 +84,34 @@ def test_every_import_resolves_to_a_file_and_its_exports():
             if missing:
                 problems.append(f"{rel(path)}: {rel(target)} exports no {sorted(missing)}")
     assert problems == []
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module's relative imports (static imports and re-exports), as repository paths."""
+    return {rel(path): {rel((path.parent / spec).resolve()) for spec, _ in imports_of(path)
+                        if spec.startswith(("./", "../"))}
+            for path in modules()}
+
+
+def test_modules_import_no_cycle():
+    """In a cycle the evaluation order matters: a module whose top level uses a const or class of
+    another module in the cycle can find it uninitialized (a ReferenceError, in the browser only)."""
+    graph = import_graph()
+    assert "static/js/http.js" in graph["static/js/chat/stream.js"]  # the walk found the imports
+    assert find_cycle(graph) is None
+
+
+def test_every_action_a_view_calls_is_bound():
+    """The views call the modules that redraw them through static/js/chat/actions.js (an import would
+    close a cycle), which no import check covers: main.js must bind each action a view calls, by the
+    name of an import (whose export the check above confirms), and no action nobody calls."""
+    called = {name for path in modules() for name in re.findall(r"(?<![\w$./])actions\.(\w+)", code_of(path))}
+    binding = re.search(r"bindActions\(\{([^}]*)\}\)", code_of(JS / "chat" / "main.js"))
+    assert binding, "static/js/chat/main.js binds no actions"
+    bound = {part.strip() for part in binding.group(1).split(",") if part.strip()}
+    imported = {name for _, names in imports_of(JS / "chat" / "main.js") for name in names or ()}
+    assert len(called) > 5 and called == bound
+    assert bound <= imported
 
 
 def test_one_module_calls_fetch():

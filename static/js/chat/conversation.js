@@ -1,17 +1,12 @@
-// The open conversation: a new chat, opening one (its messages as a tree), the title.
+// The open conversation: a new chat, opening one (its messages as a tree).
 
-import { els, narrow } from "./dom.js";
+import { els, narrow, setTitle } from "./dom.js";
 import { closeDrawer } from "./drawer.js";
 import { api } from "../http.js";
 import { showError } from "./notify.js";
 import { render } from "./render.js";
 import { renderList } from "./sidebar.js";
 import { state } from "./state.js";
-
-export function setTitle(title) {
-  els.title.textContent = title;
-  document.title = title === "New chat" ? "Chat" : `${title} · Chat`;
-}
 
 export function newChat() {
   if (state.busy) return;

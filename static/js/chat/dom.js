@@ -1,4 +1,5 @@
-// The chat page's elements, and what the server wrote into the page (limits, the reason chips).
+// The chat page's elements, and what the server wrote into the page (limits, the reason chips);
+// small helpers that change them.
 
 // the reason chips, as the server defines them (webapp/core/validation.py)
 export const REASONS_UP = JSON.parse(document.body.dataset.reasonsUp || "[]");
@@ -25,6 +26,12 @@ export const els = {
   passwordRules: $("account-password-rules"), sessionProblem: $("session-problem"),
   sessionProblemText: $("session-problem-text"), sessionProblemSignIn: $("session-problem-sign-in"),
 };
+
+// The open conversation's title, in the header and the browser's tab.
+export function setTitle(title) {
+  els.title.textContent = title;
+  document.title = title === "New chat" ? "Chat" : `${title} · Chat`;
+}
 
 export function cloneTemplate(id) {
   return $(id).content.firstElementChild.cloneNode(true);

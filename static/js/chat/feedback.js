@@ -1,31 +1,12 @@
 // Feedback on an answer: thumbs with reason chips and a comment, stars, a correction; compare votes.
 
 import { openConversation } from "./conversation.js";
-import { els, REASONS_DOWN, REASONS_UP, setLabel, setPressed } from "./dom.js";
+import { els, REASONS_DOWN, REASONS_UP } from "./dom.js";
 import { api } from "../http.js";
+import { nodeOf, paintFeedback } from "./messages.js";
 import { showError } from "./notify.js";
-import { nodeOf, render } from "./render.js";
+import { render } from "./render.js";
 import { state } from "./state.js";
-
-// Shows m.feedback on its node (in place: focus and open panels stay as they are).
-export function paintFeedback(node, m) {
-  const fb = m.feedback || {};
-  setPressed(node.querySelector(".thumb-up"), fb.thumb === "up");
-  setPressed(node.querySelector(".thumb-down"), fb.thumb === "down");
-  const stars = node.querySelectorAll(".star");
-  stars.forEach((star) => {
-    const value = parseInt(star.dataset.value, 10);
-    star.classList.toggle("on", fb.rating != null && value <= fb.rating);
-    star.setAttribute("aria-checked", String(fb.rating === value));
-    // roving tabindex: one star in the tab order (the chosen one, else the first)
-    star.tabIndex = value === (fb.rating || 1) ? 0 : -1;
-  });
-  const view = node.querySelector(".correction-view");
-  view.hidden = !fb.correction;
-  node.querySelector(".correction-text").textContent = fb.correction || "";
-  setLabel(node.querySelector(".correct"), fb.correction ? "Edit correction" : "Correct this answer");
-  setLabel(node.querySelector(".comment-toggle"), fb.comment ? "Comment \u2713" : "Comment");
-}
 
 // Radio-group keys: arrows move the rating (and the focus) by one star, Home/End to 1/5.
 export function starKeys(ev, m) {

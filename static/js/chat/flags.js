@@ -1,25 +1,8 @@
 // Flagging an answer as harmful: a category menu, an optional note; changed or removed in place.
 
-import { setPressed } from "./dom.js";
 import { api } from "../http.js";
+import { nodeOf, paintFlag } from "./messages.js";
 import { announce } from "./notify.js";
-import { nodeOf } from "./render.js";
-
-// Shows m.flag (the user's flag on the answer: {category, label, note} or null) on its node.
-export function paintFlag(node, m) {
-  const flag = m.flag || null;
-  const btn = node.querySelector(".flag-btn");
-  setPressed(btn, !!flag);
-  btn.setAttribute("aria-label", flag ? `Flagged as harmful: ${flag.label}` : "Flag as harmful");
-  btn.title = flag ? `Flagged: ${flag.label}` : "Flag as harmful";
-  node.classList.toggle("flagged", !!flag);
-  const view = node.querySelector(".flag-view");
-  view.hidden = !flag;
-  view.querySelector(".flag-view-category").textContent = flag ? flag.label : "";
-  const note = view.querySelector(".flag-view-note");
-  note.textContent = (flag && flag.note) || "";
-  note.hidden = !(flag && flag.note);
-}
 
 export function toggleFlagPanel(m, node) {
   const panel = node.querySelector(".flag-panel");

@@ -6,13 +6,17 @@
 // The entry module: binds the page's controls, loads the session and the conversation list.
 
 import { bindAccount, loadSession } from "./account.js";
+import { bindActions } from "./actions.js";
+import { updateCharCount } from "./composer.js";
 import { newChat, openConversation } from "./conversation.js";
 import { els, narrow } from "./dom.js";
 import { closeDrawer, openDrawer } from "./drawer.js";
+import { openCorrection, openFeedbackPanel, saveFeedback, starKeys, thumb, vote } from "./feedback.js";
+import { toggleFlagPanel } from "./flags.js";
 import { ApiError } from "../http.js";
 import { copyWithFeedback, showError } from "./notify.js";
-import { atBottom, scrollToEnd, updateScrollButton } from "./render.js";
-import { send, updateCharCount } from "./send.js";
+import { atBottom, scrollToEnd, showSibling, updateScrollButton } from "./render.js";
+import { regenerate, send, sendEdit } from "./send.js";
 import { refreshList } from "./sidebar.js";
 import { state } from "./state.js";
 
@@ -67,6 +71,9 @@ function routeFromHash() {
 }
 
 async function start() {
+  // what the controls of the conversation's nodes and of the list do (see actions.js)
+  bindActions({ newChat, openCorrection, openFeedbackPanel, regenerate, saveFeedback, sendEdit, showSibling, starKeys,
+                thumb, toggleFlagPanel, vote });
   bind();
   bindAccount();
   updateCharCount();

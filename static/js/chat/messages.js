@@ -1,14 +1,12 @@
 // One node per message: questions (pager, copy, edit), answers (siblings, copy, ratings, flag,
-// regenerate), a side-by-side compare, the placeholder of an answer being written.
+// regenerate), a side-by-side compare, the placeholder of an answer being written; an answer's
+// feedback and flag painted on its node. The controls call what main.js bound in actions.js.
 
+import { actions } from "./actions.js";
 import { siblingsOf } from "./branches.js";
-import { cloneTemplate } from "./dom.js";
-import { openCorrection, openFeedbackPanel, paintFeedback, saveFeedback, starKeys, thumb, vote } from "./feedback.js";
-import { paintFlag, toggleFlagPanel } from "./flags.js";
+import { cloneTemplate, els, setLabel, setPressed } from "./dom.js";
 import * as markdown from "../markdown.js";
 import { copyWithFeedback } from "./notify.js";
-import { render } from "./render.js";
-import { regenerate, sendEdit } from "./send.js";
 import { state } from "./state.js";
 
 export function userNode(m) {
@@ -31,8 +29,8 @@ export function userNode(m) {
     prev.disabled = pos === 0;
     next.disabled = pos === siblings.length - 1;
     const key = m.parent_id ?? "root";
-    prev.addEventListener("click", () => showSibling(key, siblings[pos - 1]));
-    next.addEventListener("click", () => showSibling(key, siblings[pos + 1]));
+    prev.addEventListener("click", () => actions.showSibling(key, siblings[pos - 1]));
+    next.addEventListener("click", () => actions.showSibling(key, siblings[pos + 1]));
   }
   const copy = node.querySelector(".copy-question");
   copy.addEventListener("click", () => copyWithFeedback(copy, m.content));
@@ -40,13 +38,6 @@ export function userNode(m) {
   edit.disabled = state.busy;
   edit.addEventListener("click", () => openEdit(m, node));
   return node;
-}
-
-// Pages to another sibling (answer or question variant); not while an answer streams in.
-function showSibling(parentKey, id) {
-  if (state.busy) return;
-  state.selected.set(parentKey, id);
-  render();
 }
 
 function openEdit(m, node) {
@@ -68,10 +59,12 @@ function openEdit(m, node) {
     node.querySelector(".edit-question").focus();
   };
   form.querySelector(".cancel-edit").onclick = close;
-  form.onsubmit = (ev) => { ev.preventDefault(); sendEdit(m, node, input.value); };
+  form.onsubmit = (ev) => { ev.preventDefault(); actions.sendEdit(m, node, input.value); };
   input.onkeydown = (ev) => {
-    if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); sendEdit(m, node, input.value); }
-    else if (ev.key === "Escape") { ev.preventDefault(); close(); }
+    if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
+      ev.preventDefault();
+      actions.sendEdit(m, node, input.value);
+    } else if (ev.key === "Escape") { ev.preventDefault(); close(); }
   };
 }
 
@@ -92,8 +85,8 @@ export function assistantNode(m) {
     const next = box.querySelector(".sibling-next");
     prev.disabled = pos === 0;
     next.disabled = pos === siblings.length - 1;
-    prev.addEventListener("click", () => showSibling(m.parent_id, siblings[pos - 1]));
-    next.addEventListener("click", () => showSibling(m.parent_id, siblings[pos + 1]));
+    prev.addEventListener("click", () => actions.showSibling(m.parent_id, siblings[pos - 1]));
+    next.addEventListener("click", () => actions.showSibling(m.parent_id, siblings[pos + 1]));
     const pair = state.conv.comparisons.get(m.parent_id);
     if (pair && pair.winner && (m.id === pair.a || m.id === pair.b)) {
       const won = (pair.winner === "a" && m.id === pair.a) || (pair.winner === "b" && m.id === pair.b);
@@ -107,24 +100,24 @@ export function assistantNode(m) {
 
   const copy = node.querySelector(".copy-answer");
   copy.addEventListener("click", () => copyWithFeedback(copy, m.content));
-  node.querySelector(".thumb-up").addEventListener("click", () => thumb(m, "up"));
-  node.querySelector(".thumb-down").addEventListener("click", () => thumb(m, "down"));
-  node.querySelector(".flag-btn").addEventListener("click", () => toggleFlagPanel(m, node));
+  node.querySelector(".thumb-up").addEventListener("click", () => actions.thumb(m, "up"));
+  node.querySelector(".thumb-down").addEventListener("click", () => actions.thumb(m, "down"));
+  node.querySelector(".flag-btn").addEventListener("click", () => actions.toggleFlagPanel(m, node));
   const stars = node.querySelector(".stars");
   stars.querySelectorAll(".star").forEach((star) => {
     const value = parseInt(star.dataset.value, 10);
     star.addEventListener("click", () => {
       const current = m.feedback && m.feedback.rating;
-      saveFeedback(m, { rating: current === value ? null : value });
+      actions.saveFeedback(m, { rating: current === value ? null : value });
     });
   });
-  stars.addEventListener("keydown", (ev) => starKeys(ev, m));
-  node.querySelector(".correct").addEventListener("click", () => openCorrection(m, node));
+  stars.addEventListener("keydown", (ev) => actions.starKeys(ev, m));
+  node.querySelector(".correct").addEventListener("click", () => actions.openCorrection(m, node));
   node.querySelector(".comment-toggle").addEventListener("click", () =>
-    openFeedbackPanel(m, node, m.feedback && m.feedback.thumb, "comment"));
+    actions.openFeedbackPanel(m, node, m.feedback && m.feedback.thumb, "comment"));
   const regen = node.querySelector(".regenerate");
   regen.disabled = state.busy;
-  regen.addEventListener("click", () => regenerate(m));
+  regen.addEventListener("click", () => actions.regenerate(m));
 
   const meta = []; // the version and arm come with an answer for admins only (blind arms)
   if (m.model_version) meta.push(m.model_version);
@@ -142,7 +135,7 @@ export function compareNode(pair) {
   markdown.update(node.querySelector('[data-side="b"] .bubble'), state.conv.messages.get(pair.b).content);
   node.querySelectorAll(".vote").forEach((btn) => {
     btn.disabled = state.busy;
-    btn.addEventListener("click", () => vote(pair, btn.dataset.winner));
+    btn.addEventListener("click", () => actions.vote(pair, btn.dataset.winner));
   });
   return node;
 }
@@ -153,4 +146,45 @@ export function pendingNode(label) {
   node.querySelector(".message-tools").remove();
   node.querySelector(".content").textContent = label || "";
   return node;
+}
+
+// The node of answer m on the page now (null when it is not shown).
+export function nodeOf(m) {
+  return els.messages.querySelector(`.assistant-message[data-id="${m.id}"]`);
+}
+
+// Shows m.feedback on its node (in place: focus and open panels stay as they are).
+export function paintFeedback(node, m) {
+  const fb = m.feedback || {};
+  setPressed(node.querySelector(".thumb-up"), fb.thumb === "up");
+  setPressed(node.querySelector(".thumb-down"), fb.thumb === "down");
+  const stars = node.querySelectorAll(".star");
+  stars.forEach((star) => {
+    const value = parseInt(star.dataset.value, 10);
+    star.classList.toggle("on", fb.rating != null && value <= fb.rating);
+    star.setAttribute("aria-checked", String(fb.rating === value));
+    // roving tabindex: one star in the tab order (the chosen one, else the first)
+    star.tabIndex = value === (fb.rating || 1) ? 0 : -1;
+  });
+  const view = node.querySelector(".correction-view");
+  view.hidden = !fb.correction;
+  node.querySelector(".correction-text").textContent = fb.correction || "";
+  setLabel(node.querySelector(".correct"), fb.correction ? "Edit correction" : "Correct this answer");
+  setLabel(node.querySelector(".comment-toggle"), fb.comment ? "Comment \u2713" : "Comment");
+}
+
+// Shows m.flag (the user's flag on the answer: {category, label, note} or null) on its node.
+export function paintFlag(node, m) {
+  const flag = m.flag || null;
+  const btn = node.querySelector(".flag-btn");
+  setPressed(btn, !!flag);
+  btn.setAttribute("aria-label", flag ? `Flagged as harmful: ${flag.label}` : "Flag as harmful");
+  btn.title = flag ? `Flagged: ${flag.label}` : "Flag as harmful";
+  node.classList.toggle("flagged", !!flag);
+  const view = node.querySelector(".flag-view");
+  view.hidden = !flag;
+  view.querySelector(".flag-view-category").textContent = flag ? flag.label : "";
+  const note = view.querySelector(".flag-view-note");
+  note.textContent = (flag && flag.note) || "";
+  note.hidden = !(flag && flag.note);
 }

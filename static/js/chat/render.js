@@ -1,4 +1,5 @@
-// Draws the visible path into #messages, keeping the focus and the scroll position.
+// Draws the visible path into #messages, keeping the focus and the scroll position; pages between
+// sibling branches.
 
 import { visiblePath } from "./branches.js";
 import { els, reducedMotion } from "./dom.js";
@@ -70,6 +71,9 @@ export function updateScrollButton() {
   els.scrollDown.hidden = atBottom();
 }
 
-export function nodeOf(m) {
-  return els.messages.querySelector(`.assistant-message[data-id="${m.id}"]`);
+// Pages to another sibling (answer or question variant); not while an answer streams in.
+export function showSibling(parentKey, id) {
+  if (state.busy) return;
+  state.selected.set(parentKey, id);
+  render();
 }

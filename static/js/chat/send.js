@@ -1,7 +1,8 @@
 // Sending: a new question (streamed, or two answers to compare), an edited question, a regenerated
-// answer; the composer's character count.
+// answer; the composer's buttons while an answer is on its way.
 
 import { lastAnswerId } from "./branches.js";
+import { updateCharCount } from "./composer.js";
 import { openConversation } from "./conversation.js";
 import { els, maxChars } from "./dom.js";
 import { api } from "../http.js";
@@ -101,13 +102,4 @@ export async function regenerate(m) {
   }
   // the focus stays on Regenerate (of the new answer), so the next Enter or click does the same
   if (done) els.messages.querySelector(`.assistant-message[data-id="${done.message_id}"] .regenerate`)?.focus();
-}
-
-export function updateCharCount() {
-  const n = els.input.value.length;
-  els.charCount.textContent = n > maxChars * 0.8 ? `${n} / ${maxChars}` : "";
-  els.charCount.classList.toggle("over", n > maxChars);
-  // CSSOM (element.style), unlike a style attribute, is not inline style to the CSP
-  els.input.style.height = "auto";
-  els.input.style.height = Math.min(els.input.scrollHeight, 200) + "px";
 }

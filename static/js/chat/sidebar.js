@@ -1,7 +1,8 @@
-// The sidebar's conversation list: grouped by date, renamed in place, deleted.
+// The sidebar's conversation list: grouped by date, renamed in place, deleted. Deleting the open
+// conversation starts a new chat through actions.js (conversation.js draws this list).
 
-import { newChat, setTitle } from "./conversation.js";
-import { cloneTemplate, els, narrow } from "./dom.js";
+import { actions } from "./actions.js";
+import { cloneTemplate, els, narrow, setTitle } from "./dom.js";
 import { closeDrawer } from "./drawer.js";
 import { api } from "../http.js";
 import { announce, showError } from "./notify.js";
@@ -125,7 +126,7 @@ async function deleteConversation(c) {
   if (!window.confirm(`Delete "${c.title}"? This cannot be undone.`)) return;
   try {
     await api("DELETE", `/api/conversations/${c.id}`);
-    if (state.conv && state.conv.id === c.id) newChat();
+    if (state.conv && state.conv.id === c.id) actions.newChat();
     await refreshList();
     announce(`Deleted ${c.title}.`);
   } catch (e) { showError(e.message); }

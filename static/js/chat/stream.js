@@ -1,14 +1,14 @@
 // The answer stream: server-sent events rendered as markdown while they arrive.
 
 import { visiblePath } from "./branches.js";
+import { updateCharCount } from "./composer.js";
 import { openConversation } from "./conversation.js";
 import { els } from "./dom.js";
 import { ApiError, openStream } from "../http.js";
 import * as markdown from "../markdown.js";
-import { pendingNode, userNode } from "./messages.js";
+import { nodeOf, pendingNode, userNode } from "./messages.js";
 import { announce } from "./notify.js";
-import { nodeOf, render, scrollToEnd, updateScrollButton } from "./render.js";
-import { updateCharCount } from "./send.js";
+import { render, scrollToEnd, updateScrollButton } from "./render.js";
 import { state } from "./state.js";
 
 // Streams one answer: renders it (markdown) as it arrives, then reloads the conversation.
