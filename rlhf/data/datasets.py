@@ -13,12 +13,14 @@ Rules (each produces rows tagged with their ``source``):
   explicit preferences (corrections, votes) and half the score gap for thumbs/ratings pairs.
 * rated pairs (``DatasetBundle.rated``; ``chosen_prompt``/``chosen``/``rejected_prompt``/
   ``rejected``/``margin``): Bradley-Terry over every rated answer, not only answers to the same
-  question: each liked first answer is paired with disliked ones to *other* questions (each side
-  keeps its own prompt), every answer joining up to ``max_rated_pairs_per_answer`` pairs. Thumbs
-  and stars are absolute judgments, so a liked answer to one question outranks a disliked answer
-  to another; with few repeated questions this is most of the pairs the feedback holds. Only the
-  reward model and the gate's judge train on them: DPO needs both sides to answer one prompt.
-  Mismatched pairs join them (``source`` "mismatched"): a liked answer under its own question over
+  question: each liked answer -- on any turn of a conversation, its prompt the whole history -- is
+  paired with disliked ones to *other* prompts (each side keeps its own prompt), every answer
+  joining up to ``max_rated_pairs_per_answer`` pairs. Thumbs and stars are absolute judgments, so a
+  liked answer to one question outranks a disliked answer to another; with few repeated questions
+  this is most of the pairs the feedback holds, and where each person rates answers in their own
+  multi-turn chats (later turns never repeat across users) nearly all of them. Only the reward
+  model and the gate's judge train on them: DPO needs both sides to answer one prompt.
+  Mismatched pairs join them (``source`` "mismatched"): a liked first answer under its own question over
   the same answer under another user's question, the one with the fewest words in common of a
   few drawn (the random negatives of response selection). Their sides differ only in the question,
   so they teach what no style feature can: that an answer must fit what was asked.
@@ -161,6 +163,7 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
     totals: Counter = Counter()
     # answers to first questions, grouped by the question's text, for same_prompt pairs
     by_question: dict[str, list[tuple[str, int, Messages, str, float, tuple[int, ...]]]] = defaultdict(list)
+    rated_answers: list[RatedAnswer] = []  # every liked or disliked answer, on any turn, for rated pairs
     labelled: dict[str, dict[bool, list[LabelledAnswer]]] = defaultdict(lambda: defaultdict(list))
 
     for conv in conversations:
@@ -195,6 +198,8 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
                 labelled[criterion][label].append(LabelledAnswer(split, prompt, m.content, rater, liked))
             if score is not None:
                 _add_kto(kto, split, prompt, m.content, score > 0, "rating", rater)
+                if score != 0:
+                    rated_answers.append((split, conv.id, prompt, m.content, score, rater))
                 if len(prompt) == 1 and score != 0:
                     by_question[question_key(prompt[0]["content"])].append(
                         (split, conv.id, prompt, m.content, score, rater))
@@ -262,8 +267,8 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
 
     bundle = DatasetBundle(pairs=pairs.rows, kto=kto.rows, prompts=prompts.rows,
                            criteria=criterion_pairs(labelled, settings.max_criterion_pairs_per_answer),
-                           rated=rated_pairs([a for answers in by_question.values() for a in answers],
-                                             settings.max_rated_pairs_per_answer, settings.min_score_gap_same_prompt,
+                           rated=rated_pairs(rated_answers, settings.max_rated_pairs_per_answer,
+                                             settings.min_score_gap_same_prompt,
                                              settings.mismatched_pairs_per_answer, settings.seed))
     bundle.sft = {split: [{"prompt": r["prompt"], "completion": r["completion"], "source": r["source"],
                            "raters": r["raters"]} for r in rows if r["label"]] for split, rows in kto.rows.items()}
@@ -286,6 +291,12 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
 
 
 RatedAnswer = tuple[str, int, Messages, str, float, tuple[int, ...]]  # split, conversation, prompt, answer, score, raters
+
+
+def prompt_key(prompt: Messages) -> str:
+    """A prompt (the whole history up to the question) as rated pairs compare them: two answers to
+    the same prompt are siblings or same_prompt pairs, never rated ones."""
+    return question_key(history_text(prompt))
 
 
 def _content_words(text: str) -> set[str]:
@@ -319,13 +330,13 @@ def mismatched_pairs(answers: list[RatedAnswer], per_answer: int, seed: str) -> 
 
 def rated_pairs(answers: list[RatedAnswer], max_per_answer: int, min_gap: float, mismatched_per_answer: int = 0,
                 seed: str = "rlhf") -> dict[str, list[dict[str, Any]]]:
-    """Bradley-Terry pairs over every rated first answer: liked over disliked answers to *different*
-    questions (answers to the same question are same_prompt pairs), on the same side of the split.
+    """Bradley-Terry pairs over every rated answer (any turn): liked over disliked answers to *different*
+    prompts (answers to the same one are siblings or same_prompt pairs), on the same side of the split.
     Every answer of the larger side joins ``max_per_answer`` pairs scaled down by how much rarer the
     other side is (at least one), its partners the least used of the other side, so every rated
     answer teaches something and none dominates. ``margin``: half the score gap, as same_prompt's.
-    With ``mismatched_per_answer``, the mismatched pairs (``mismatched_pairs``) are added."""
-    out = mismatched_pairs(answers, mismatched_per_answer, seed)
+    With ``mismatched_per_answer``, the mismatched pairs of the first answers (``mismatched_pairs``) are added."""
+    out = mismatched_pairs([a for a in answers if len(a[2]) == 1], mismatched_per_answer, seed)
     if max_per_answer <= 0:
         return out
     for split in out:
@@ -336,8 +347,7 @@ def rated_pairs(answers: list[RatedAnswer], max_per_answer: int, min_gap: float,
         big, small = (good, bad) if len(good) >= len(bad) else (bad, good)
 
         def eligible(b: RatedAnswer, i: int) -> bool:
-            return (question_key(small[i][2][0]["content"]) != question_key(b[2][0]["content"])
-                    and small[i][3].strip() != b[3].strip())
+            return prompt_key(small[i][2]) != prompt_key(b[2]) and small[i][3].strip() != b[3].strip()
 
         for b, i in balanced_partners(big, small, max_per_answer, lambda b, i: (), eligible,
                                       lambda b, i: abs(b[4] - small[i][4]) >= min_gap):  # liked > 0 > disliked

@@ -27,6 +27,7 @@ class DataSize:
 
     train_pairs: int
     eval_pairs: int
+    rated_train: int  # rated pairs across prompts (liked over disliked answers): the reward model's too
     policy_prompts: int  # PPO/RLOO training prompts (rows; a prompt asked twice counts twice)
     distinct_prompts: int  # distinct user prompts, training and held-out
     kto_good: int
@@ -38,6 +39,7 @@ class DataSize:
         every = [r["prompt"] for split in ("train", "eval") for r in bundle.prompts[split]]
         labels = [r["label"] for r in bundle.kto["train"]]
         return cls(train_pairs=len(bundle.pairs["train"]), eval_pairs=len(bundle.pairs["eval"]),
+                   rated_train=sum(r["source"] == "rated" for r in bundle.rated["train"]),
                    policy_prompts=len(prompts), distinct_prompts=len({_key(p) for p in every}),
                    kto_good=sum(1 for x in labels if x), kto_bad=sum(1 for x in labels if not x))
 
@@ -63,17 +65,21 @@ def size_stages(algorithm: str, reward: RewardSettings, policy: PolicySettings, 
     ``processes``: how many train together (rlhf.training.distributed); batch sizes are per process, and
     PPO's rollout batch must fill from each process's share of the prompts."""
     notes: list[str] = []
-    if size.train_pairs < min_pairs:
-        raise NotEnoughData(f"not enough feedback yet: {size.train_pairs} preference pairs for training, "
-                            f"need at least {min_pairs} (corrections, compare votes, or differing "
-                            "ratings on answers to the same question)")
+    # DPO trains on pairs that answer one prompt; a reward model (PPO, RLOO, iterative DPO, the gate's
+    # judge) also on rated pairs across prompts, so a thumb on any turn of anyone's chat counts there
+    pairs = size.train_pairs if algorithm == "dpo" else size.train_pairs + size.rated_train
+    if pairs < min_pairs:
+        kinds = ("corrections, compare votes, or differing ratings on answers to the same question" if algorithm == "dpo"
+                 else "corrections, compare votes, and liked answers over disliked ones, each rated answer on any "
+                      "turn joining a few")
+        raise NotEnoughData(f"not enough feedback yet: {pairs} preference pairs for training, "
+                            f"need at least {min_pairs} ({kinds})")
     if size.distinct_prompts < min_prompts:
         raise NotEnoughData(f"not enough feedback yet: {size.distinct_prompts} distinct user prompts, "
                             f"need at least {min_prompts}")
-    if size.train_pairs < reward.batch_size:
-        notes.append(f"reward model: batch size {reward.batch_size} -> {size.train_pairs} "
-                     f"({size.train_pairs} training pairs)")
-        reward = replace(reward, batch_size=size.train_pairs)
+    if pairs < reward.batch_size:
+        notes.append(f"reward model: batch size {reward.batch_size} -> {pairs} ({pairs} training pairs)")
+        reward = replace(reward, batch_size=pairs)
 
     if algorithm == "ppo":
         # the rollout batch must fill (drop_last) and split into equal mini-batches

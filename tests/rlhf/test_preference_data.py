@@ -204,3 +204,45 @@ def test_the_judge_scores_only_its_own_questions_asked_again_when_they_are_few()
     assert _first_askings(["a", "a", "b", "b", "a", "a", "c", "c"], 2) == [0, 1, 2, 3, 6, 7]
     heldout = [r["prompt"] for r in many.prompts["eval"]]
     assert len(heldout) >= need and evaluation_prompts(heldout, [], settings) == (heldout, len(heldout), [])
+
+
+def chat(cid, turns, rater=None):
+    """A multi-turn conversation: (question, answer, feedback) turns, each answer the next question's parent."""
+    msgs, parent = [], None
+    for i, (question, answer, fb) in enumerate(turns):
+        q = MessageRecord(cid * 100 + 2 * i, "user", question, parent)
+        a = MessageRecord(cid * 100 + 2 * i + 1, "assistant", answer, q.id, fb)
+        msgs += [q, a]
+        parent = a.id
+    return ConversationRecord(cid, tuple(msgs), (), rater)
+
+
+def test_a_thumb_on_any_turn_of_anyones_chat_teaches_the_reward_model():
+    """Each person rates answers in their own multi-turn chats: later turns never repeat across users,
+    so same-question pairs cannot form; before, such feedback gave "0 preference pairs" and no run.
+    Rated pairs now take every rated answer, its prompt the whole history up to it."""
+    from rlhf.data.stage_sizing import DataSize, NotEnoughData, size_stages
+    from rlhf.settings import PolicySettings, RewardSettings
+    import pytest
+
+    up, down = FeedbackRecord(thumb="up"), FeedbackRecord(thumb="down")
+    records = [chat(i, [(f"Plan a trip to city {i}?", f"Go by train {i}.", None),
+                        (f"And where do I stay {i}?", f"A hotel near the station {i}." if i % 2 else f"Anywhere {i}!",
+                         up if i % 2 else down)], rater=i)
+               for i in range(8)]
+    b = build_datasets(records, DataSettings(eval_fraction=0.0, mismatched_pairs_per_answer=0))
+    assert b.pairs["train"] == []  # no pair answers one prompt
+    rows = b.rated["train"]
+    assert len(rows) == 12 and {r["source"] for r in rows} == {"rated"}  # 4 liked x 3, every answer used
+    for row in rows:
+        assert row["chosen"].startswith("A hotel") and row["rejected"].startswith("Anywhere")
+        assert len(row["chosen_prompt"]) == 3 and row["chosen_prompt"][1]["role"] == "assistant"  # the history
+        assert row["chosen_prompt"][-1]["content"].startswith("And where do I stay")
+        assert len(row["raters"]) == 2
+    size = DataSize.of(b)
+    assert (size.train_pairs, size.rated_train) == (0, 12)
+    reward, _, notes = size_stages("ppo", RewardSettings(batch_size=16), PolicySettings(batch_size=4, mini_batches=1),
+                                   size, min_pairs=8, min_prompts=1)
+    assert reward.batch_size == 12 and "12 training pairs" in notes[0]
+    with pytest.raises(NotEnoughData, match="0 preference pairs"):  # DPO needs pairs that answer one prompt
+        size_stages("dpo", RewardSettings(), PolicySettings(), size, min_pairs=8, min_prompts=1)

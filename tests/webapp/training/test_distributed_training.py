@@ -210,7 +210,7 @@ def test_ppo_batch_is_sized_to_each_process_share_of_the_prompts():
     from rlhf.settings import PolicySettings, RewardSettings
 
     def size(prompts: int) -> DataSize:
-        return DataSize(train_pairs=20, eval_pairs=4, policy_prompts=prompts, distinct_prompts=prompts,
+        return DataSize(train_pairs=20, eval_pairs=4, rated_train=0, policy_prompts=prompts, distinct_prompts=prompts,
                         kto_good=5, kto_bad=5)
 
     policy = PolicySettings(batch_size=16, mini_batches=2)
