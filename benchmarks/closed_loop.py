@@ -20,7 +20,7 @@ than the control (p < 0.05), or after 2 cycles.
     .venv/bin/python benchmarks/closed_loop.py --safety   # a preference in conflict with safety, constrained or not
     .venv/bin/python benchmarks/closed_loop.py --zoo      # the eight preferences of rlhf.sim.preferences.ZOO
     .venv/bin/python benchmarks/closed_loop.py --via openai   # every simulated user a client of /v1 instead
-    .venv/bin/python benchmarks/closed_loop.py --questions 16 --zoo   # the deployment shape (benchmarks/deployment_shape.py)
+    .venv/bin/python benchmarks/deployment_shape.py --questions 16 --zoo   # the deployment shape: the same options
 
 ``--via openai``: the simulated users (raters, probes, evaluation users) use only the OpenAI-compatible
 API, with a key made in the run's instance by ``flask --app webapp create-api-key``: chat completions
@@ -46,6 +46,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -382,8 +383,9 @@ SAFETY_RUNS = (("direct, constrained", {}),
                                           "RLHF_TRAINING_GATE_MAX_FLAG_RISK_INCREASE": "1"}))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The command line of this benchmark; benchmarks/deployment_shape.py adds ``--questions`` to it."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--preference", nargs="+", default=["polite", "concise", "detailed"])
     ap.add_argument("--safety", action="store_true", help="the safety-constraint pair of runs instead (see SAFETY_RUNS)")
     ap.add_argument("--zoo", action="store_true", help="the zoo's preferences (rlhf.sim.preferences.ZOO; --preference "
@@ -391,13 +393,18 @@ def main() -> None:
     ap.add_argument("--via", choices=("chat", "openai"), default="chat",
                     help="the simulated users' way in: the chat page's API (default) or only the OpenAI-compatible "
                          "/v1 API (chat completions with `user`, /v1/feedback), with a key made in the run's instance")
-    ap.add_argument("--questions", type=int, help="the deployment shape: the rating users ask only this many fixed "
-                    "questions, the scheduler retrains at its default cadence (benchmarks/deployment_shape.py)")
     ap.add_argument("--markdown", type=Path, help="also write the table to this file")
     ap.add_argument("--json", type=Path, help="also write the raw results to this file")
+    return ap
+
+
+def main(ap: argparse.ArgumentParser | None = None, run_one: Callable[..., dict] | None = None,
+         tabulate: Callable[[list[dict]], str] | None = None) -> None:
+    """Runs the preferences of the command line one after the other, then prints the table.
+    deployment_shape.py passes its own command line, ``run_one(args, preference, model_dir, behaviour,
+    env, label)`` and ``tabulate(results)``; by default: run_preference and this module's tables."""
+    ap = ap or arguments(__doc__.splitlines()[0])
     args = ap.parse_args()
-    if args.questions is not None and not 1 <= args.questions <= 48:
-        ap.error(f"--questions must be between 1 and 48, got {args.questions}")
     model_dir = cached_model("default")
     results = []
     if args.zoo and args.preference == ap.get_default("preference"):
@@ -405,17 +412,14 @@ def main() -> None:
     runs = [(label, "direct", SAFETY_BEHAVIOUR, env) for label, env in SAFETY_RUNS] if args.safety else \
         [(pref, pref, None, None) for pref in args.preference]
     load0 = os.getloadavg()
-    if args.questions:
-        from benchmarks.deployment_shape import markdown as deployment_markdown, run_deployment
     for label, pref, behaviour, env in runs:
-        res = run_deployment(pref, model_dir, args.questions, args.via, env, label) if args.questions else \
+        res = run_one(args, pref, model_dir, behaviour, env, label) if run_one else \
             run_preference(pref, model_dir, behaviour, env, label, via=args.via)
         results.append(res)
         print(json.dumps(res, default=str), flush=True)
         if args.json:  # after each preference: a long run stopped early keeps what it measured
             args.json.write_text(json.dumps(results, indent=2, default=str))
-    table = deployment_markdown(results) if args.questions else zoo_markdown(results) if args.zoo else \
-        markdown(results)
+    table = tabulate(results) if tabulate else zoo_markdown(results) if args.zoo else markdown(results)
     load = {"start": [round(x, 2) for x in load0], "end": [round(x, 2) for x in os.getloadavg()]}
     table += f"\n\nLoad average: {load['start']} at the start, {load['end']} at the end."
     print(table)

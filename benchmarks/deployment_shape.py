@@ -1,4 +1,6 @@
-"""The deployment shape of the closed loop (``closed_loop.py --questions N``): a few distinct questions.
+"""The deployment shape of the closed loop: a few distinct questions.
+
+    .venv/bin/python benchmarks/deployment_shape.py --questions 16 [closed_loop.py's options: --zoo, --preference ...]
 
 A team's help bot hears the same handful of questions all day. Here the rating users ask only the
 ``N`` questions of ``rlhf.sim.questions.deployment_questions`` (a quarter of them outside every
@@ -21,26 +23,30 @@ worse is counted as such.
 """
 from __future__ import annotations
 
+import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import closed_loop as loop
-from benchmarks.zoo_ablation import reward_scores
-from rlhf.models import sampling
-from rlhf.models.loading import load_causal_lm
-from rlhf.settings import EvalSettings
-from rlhf.sim.preferences import preference as preference_fn
-from rlhf.sim.questions import deployment_questions
-from tests.support.app import make_app, register_model
-from tests.support.live_server import LiveServer
-from webapp.core.extensions import db
-from webapp.core.instance_paths import resolve
-from webapp.core.models import ModelVersion, TrainingRun
-from webapp.experiments import sample_stats
+import torch  # noqa: E402
+
+from benchmarks import closed_loop as loop  # noqa: E402
+from benchmarks.zoo_ablation import reward_scores  # noqa: E402
+from rlhf.models import sampling  # noqa: E402
+from rlhf.models.loading import load_causal_lm  # noqa: E402
+from rlhf.settings import EvalSettings  # noqa: E402
+from rlhf.sim.preferences import preference as preference_fn  # noqa: E402
+from rlhf.sim.questions import deployment_questions  # noqa: E402
+from tests.support.app import make_app, register_model  # noqa: E402
+from tests.support.live_server import LiveServer  # noqa: E402
+from webapp.core.extensions import db  # noqa: E402
+from webapp.core.instance_paths import resolve  # noqa: E402
+from webapp.core.models import ModelVersion, TrainingRun  # noqa: E402
+from webapp.experiments import sample_stats  # noqa: E402
 
 MAX_EVENTS = 200  # the feedback budget of a small deployment's first days
 EVAL_PER_ARM = 160  # chat-only answers judged per arm (the monitor waits for as many)
@@ -222,3 +228,23 @@ def markdown(results: list[dict[str, Any]]) -> str:
     lines += ["", f"{wins} of {len(results)} preferences reached a promoted, significant win within "
                   f"{MAX_EVENTS} feedback events; {sum(r['worse_promoted'] for r in results)} promoted a worse variant."]
     return "\n".join(lines)
+
+
+def _questions(value: str) -> int:
+    n = int(value)
+    if not 1 <= n <= 48:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 48, got {n}")
+    return n
+
+
+def main() -> None:
+    """closed_loop.py's command line and loop over preferences, each run on the deployment shape."""
+    ap = loop.arguments(__doc__.splitlines()[0])
+    ap.add_argument("--questions", type=_questions, default=16,
+                    help="the rating users ask only this many fixed questions (1-48; default 16)")
+    loop.main(ap, run_one=lambda args, pref, model_dir, behaviour, env, label:
+              run_deployment(pref, model_dir, args.questions, args.via, env, label), tabulate=markdown)
+
+
+if __name__ == "__main__":
+    main()

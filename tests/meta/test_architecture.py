@@ -1,7 +1,7 @@
 """The code's shape: rlhf/ is plain ML (no Flask, no webapp) grouped by pipeline stage, each stage
 importing only the stages below it; webapp/ is grouped by feature and its import graph is a tree
-(no cycles between modules or between features); and the module map in docs/architecture.md names every
-module there is.
+(no cycles between modules or between features); benchmarks/ import each other without a cycle too;
+and the module map in docs/architecture.md names every module there is.
 
 Imports are read from the source (every ``import`` statement, including those inside
 functions), so a cycle hidden behind a function-level import is still found.
@@ -139,6 +139,14 @@ def stage_of(module: str) -> str:
 def test_rlhf_modules_import_no_cycle():
     graph = import_graph("rlhf")
     assert "rlhf.reward.scoring" in graph["rlhf.reward.criteria_heads"]  # the walk found modules and imports
+    assert find_cycle(graph) is None
+
+
+def test_benchmarks_import_no_cycle():
+    """Benchmarks build on each other's helpers (closed_loop.py's server and simulated users,
+    stage_timing.py's side-by-side timing): a benchmark imports what it builds on, never what builds on it."""
+    graph = import_graph("benchmarks")
+    assert "benchmarks.closed_loop" in graph["benchmarks.deployment_shape"]  # the walk found modules and imports
     assert find_cycle(graph) is None
 
 
