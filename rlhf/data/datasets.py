@@ -25,7 +25,7 @@ Rules (each produces rows tagged with their ``source``):
   few drawn (the random negatives of response selection). Their sides differ only in the question,
   so they teach what no style feature can: that an answer must fit what was asked.
 * kto (``prompt``/``completion``/``label``): every answer with a thumb or rating (label = score
-  > 0), corrections (True) and the answers they replace (False), vote winners (True) and
+  > 0; a liked answer cut at the generation limit is left out: counted as ``liked_but_cut``), corrections (True) and the answers they replace (False), vote winners (True) and
   losers (False), both answers of a "both bad" vote (False).
 * sft (``prompt``/``completion``): the positive half of the kto rows.
 * prompts (``prompt``): every user turn with its history, for PPO/RLOO rollouts.
@@ -196,7 +196,11 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
             liked = None if score is None or score == 0 else score > 0
             for criterion, label in labels_of(fb).items():
                 labelled[criterion][label].append(LabelledAnswer(split, prompt, m.content, rater, liked))
-            if score is not None:
+            if score is not None and m.cut and score > 0:
+                # liked but cut at the generation limit: a good start, not an answer to imitate whole (the
+                # KTO and SFT rows would teach ending there); it still ranks in the pairs below
+                totals["liked_but_cut"] += 1
+            elif score is not None:
                 _add_kto(kto, split, prompt, m.content, score > 0, "rating", rater)
                 if score != 0:
                     rated_answers.append((split, conv.id, prompt, m.content, score, rater))

@@ -40,6 +40,7 @@ class MessageRecord:
     # A guided regeneration's instruction ("More Concise"): this answer was asked for instead of a sibling,
     # with that change in mind; its prompt is still its question (the parent), never the sibling.
     guidance: str | None = None
+    cut: bool = False  # the answer stopped at the generation limit, not where the model ended it
 
 
 @dataclass(frozen=True)

@@ -585,3 +585,18 @@ def test_color_scheme_follows_the_system_and_is_accessible(open_page, store, sch
     page.keyboard.press("Escape")
     page.locator(".assistant-message").first.scroll_into_view_if_needed()
     shot(page, f"desktop-{scheme}")
+
+
+def test_an_answer_cut_at_the_length_limit_says_so(page, store):
+    ids = seed(store, page, [("How do I cook rice?", ["Rinse the rice, then simmer it in", "Rinse it."])])
+    with store.app_context():
+        cut = db.session.get(Message, ids["answers"][0][0])
+        cut.finish_reason = "length"
+        db.session.get(Message, ids["answers"][0][1]).finish_reason = "eos"
+        db.session.commit()
+    show(page, ids["id"])
+    shown = page.locator("#messages .assistant-message")
+    expect(shown.locator(".cut-note")).to_be_hidden()  # the newest answer (2 / 2) ended by itself
+    page.locator("#messages .assistant-message .sibling-prev").click()
+    expect(shown.locator(".cut-note")).to_have_text("Cut off at the length limit: this answer did not finish.")
+    expect(shown.locator(".content")).to_contain_text("simmer it in")

@@ -246,3 +246,15 @@ def test_a_thumb_on_any_turn_of_anyones_chat_teaches_the_reward_model():
     assert reward.batch_size == 12 and "12 training pairs" in notes[0]
     with pytest.raises(NotEnoughData, match="0 preference pairs"):  # DPO needs pairs that answer one prompt
         size_stages("dpo", RewardSettings(), PolicySettings(), size, min_pairs=8, min_prompts=1)
+
+
+def test_a_liked_answer_cut_at_the_limit_is_ranked_but_never_imitated():
+    """An answer stopped by the generation limit ends mid-sentence: as a KTO/SFT positive it would
+    teach the model to end there. It still counts in the pairs (what the person preferred)."""
+    cut = MessageRecord(2, "assistant", "Rinse the rice and then", 1, FeedbackRecord(thumb="up"), cut=True)
+    bad = MessageRecord(3, "assistant", "No idea.", 1, FeedbackRecord(thumb="down"))
+    record = ConversationRecord(1, (MessageRecord(1, "user", "How do I cook rice?"), cut, bad))
+    b = build_datasets([record], ALL_TRAIN)
+    assert [r["completion"][0]["content"] for r in b.kto["train"]] == ["No idea."]
+    assert b.sft["train"] == [] and b.counts["liked_but_cut"] == 1
+    assert [texts(r) for r in b.pairs["train"]] == [("Rinse the rice and then", "No idea.")]

@@ -171,6 +171,7 @@ def _store_continuation(*, user_id: int, key_id: int, messages: Sequence[dict[st
                             completion_id=completion_id, external_message_id=external_message_id)
     answer.content = whole
     answer.token_count = (answer.token_count or 0) + result.token_count
+    answer.finish_reason = result.finish_reason  # how the whole answer ends now
     if answer.external_message_id is None:
         answer.external_message_id = external_message_id
     answer.conversation.updated_at = utcnow()

@@ -51,6 +51,7 @@ def message_dict(m: Message, fb: Feedback | None = None, reveal: bool = False,
     out = {"id": m.id, "role": m.role, "content": m.content, "parent_id": m.parent_id,
            "latency_ms": round(m.latency_ms, 1) if m.latency_ms is not None else None,
            "token_count": m.token_count, "created_at": iso(m.created_at),
+           "cut": m.finish_reason == "length",  # stopped by the generation limit, not by the model
            "feedback": feedback_dict(fb) if m.role == "assistant" else None,
            "flag": flag_dict(flag) if m.role == "assistant" else None}
     if reveal:
@@ -206,7 +207,8 @@ def store_answer(question: Message, route: Route, result: GenerationResult, bloc
     on it and ``columns`` of the message (where it came from), and commit."""
     answer = Message(conversation_id=question.conversation_id, role="assistant", content=result.text,
                      parent_id=question.id, model_version_id=route.version_id, experiment_id=route.experiment_id,
-                     arm=route.arm, latency_ms=result.latency_ms, token_count=result.token_count, **columns)
+                     arm=route.arm, latency_ms=result.latency_ms, token_count=result.token_count,
+                     finish_reason=result.finish_reason, **columns)
     db.session.add(answer)
     question.conversation.updated_at = utcnow()
     if blocks:

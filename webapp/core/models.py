@@ -107,6 +107,9 @@ class Message(db.Model):
     # A guided regeneration's instruction (Open WebUI's "More Concise", "Add Details" or a typed change):
     # the answer is a sibling of the one it replaces, asked for with this change in mind (webapp.api.threads).
     guidance: Mapped[Optional[str]] = mapped_column(Text)
+    # Why generation ended (rlhf.generation: eos, stop_string, length, cancelled, rail); "length" is an
+    # answer cut at the generation limit, shown as cut and never taken as a complete good answer.
+    finish_reason: Mapped[Optional[str]] = mapped_column(String(16))
 
     conversation = relationship("Conversation", back_populates="messages")
     model_version = relationship("ModelVersion")

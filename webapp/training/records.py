@@ -153,7 +153,8 @@ def feedback_records(redact: bool = True) -> list[ConversationRecord]:
     records = [ConversationRecord(
         id=cid, user_id=owner[cid], comparisons=tuple(comparisons[cid]),
         messages=tuple(MessageRecord(m.id, m.role, m.content, m.parent_id, feedback.get(m.id),
-                                     versions.get(m.model_version_id), m.guidance) for m in messages[cid]))
+                                     versions.get(m.model_version_id), m.guidance, m.finish_reason == "length")
+                      for m in messages[cid]))
         for cid in owner if messages[cid]]
     return redact_records(records) if redact else records
 

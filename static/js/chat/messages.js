@@ -119,6 +119,7 @@ export function assistantNode(m) {
   regen.disabled = state.busy;
   regen.addEventListener("click", () => actions.regenerate(m));
 
+  node.querySelector(".cut-note").hidden = !m.cut; // stopped by the generation limit, not by the model
   const meta = []; // the version and arm come with an answer for admins only (blind arms)
   if (m.model_version) meta.push(m.model_version);
   if (m.arm) meta.push(m.arm);

@@ -156,3 +156,23 @@ def test_a_task_header_marks_a_front_ends_own_request(v1):
     v1.complete(RICE, key="owui", headers={**CHAT, "X-OpenWebUI-Task": ""})  # a chat request: the header is empty
     assert [m.content for m in rows(v1, Message, role="user")] == ["How do I cook rice?"]
     assert len(rows(v1, User)) == 1
+
+
+def test_an_answer_cut_at_the_limit_is_stored_and_shown_as_cut(v1):
+    cut = v1.complete(RICE, key="owui", headers=CHAT, max_tokens=1)
+    assert cut["choices"][0]["finish_reason"] == "length"
+    answer = stored(v1, cut["id"])
+    assert answer.finish_reason == "length"
+    from webapp.chat.conversations import message_dict
+    assert v1.db(lambda: message_dict(db.session.get(Message, answer.id))["cut"]) is True
+    # continued to its end, it is no longer cut
+    for seed in range(8):
+        more = v1.complete(RICE + [{"role": "assistant", "content": stored(v1, cut["id"]).content}], key="owui",
+                           headers=CHAT, max_tokens=40, seed=seed)
+        reason = stored(v1, cut["id"]).finish_reason
+        assert (reason == "length") == (more["choices"][0]["finish_reason"] == "length")
+        if reason != "length":
+            break
+    else:
+        raise AssertionError("the micro model never ended an answer in 8 tries of 40 tokens")
+    assert reason in ("eos", "stop_string")

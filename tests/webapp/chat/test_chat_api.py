@@ -113,8 +113,8 @@ def test_non_streamed_answer_and_history_follow_parents(api, conv):
     assert second["assistant_message"]["parent_id"] == second["user_message"]["id"]
     msgs = api.get(f"/api/conversations/{conv}").get_json()["messages"]
     assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant"]
-    assert all(set(m) == {"id", "role", "content", "parent_id", "latency_ms", "token_count", "created_at", "feedback",
-                          "flag"}
+    assert all(set(m) == {"id", "role", "content", "parent_id", "latency_ms", "token_count", "created_at", "cut",
+                          "feedback", "flag"}
                for m in msgs)
 
 
