@@ -161,8 +161,18 @@ class GateThresholds:
     min_heldout_pairs: int = knob(8, "fewest held-out preference pairs the gate judges on; with fewer it says "
                                   "\"not enough evidence\" and the candidate is not passed", low=1)
     alpha: float = knob(0.05, "significance level of the gate's evidence: the one-sided p-values of the held-out "
-                        "pairs' sign test and of the judge's gain (when the judge counts), combined by Simes' test, "
-                        "must fall below it, and neither may show a decline at this level", above=0.0, high=1.0)
+                        "pairs' effect (mean margin above min_margin) and of the judge's gain (when the judge "
+                        "counts), combined by Simes' test, must fall below it, and neither may show a decline (the "
+                        "pairs' sign test, the judge's signed-rank test) at this level", above=0.0, high=1.0)
+    min_margin: float = knob(0.5, "the held-out pairs count as evidence of an improvement only when the candidate's "
+                             "mean implicit reward margin over them (nats, candidate vs parent) is above this with "
+                             "one-sided 1 - alpha confidence (Student's t lower bound): a consistent but tiny shift is "
+                             "no improvement. Chosen on flat candidates (benchmarks/gate_false_pass.py; "
+                             "docs/training.md, \"The evaluation gate\")", low=0.0)
+    judge_flat_p: float = knob(0.05, "a trusted judge whose one-sided p-value for a gain is at least this says "
+                               "\"flat\", and then the held-out pairs alone cannot pass the candidate (alpha: a "
+                               "trusted judge must find the gain itself; 1: the judge never vetoes)",
+                               above=0.0, high=1.0)
     evidence: str = knob("required", "`required`: the held-out evidence decides; `reported`: it is computed and shown "
                          "but only the KL and degeneration checks decide (development and tests on models too "
                          "small to learn; the run page says so)", choices=("required", "reported"))

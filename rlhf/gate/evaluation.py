@@ -7,13 +7,15 @@ Two instruments, neither of which the policy was optimized on:
   policy saw them): the DPO-style implicit reward margin with the parent as reference,
   ``delta = [log pi_c(chosen) - log pi_p(chosen)] - [log pi_c(rejected) - log pi_p(rejected)]``
   (summed answer-token log-probabilities given the prompt, rendered with the chat template),
-  counted by a one-sided sign test;
+  counted only above a minimum effect: the mean margin's one-sided lower confidence bound must
+  exceed ``min_margin`` nats (the sign test is reported and tests a decline);
 * a **judge reward model** trained on those held-out pairs only (``rlhf.cycle``), scoring both
   models' answers to held-out prompts (signed-rank test of its per-prompt gain). It counts only if
   it ranks training pairs, which it never saw, better than a coin.
 
 The candidate passes when the instruments' one-sided p-values, combined by Simes' test, fall
-below ``alpha``, neither shows a decline at ``alpha``, and the KL and degeneration checks hold. The run's own reward model
+below ``alpha``, neither shows a decline at ``alpha``, a trusted judge does not call it flat (the
+pairs alone cannot outvote it; rlhf.gate.verdict), and the KL and degeneration checks hold. The run's own reward model
 (the one PPO/RLOO optimized against) scores the same answers; its gain is reported, labelled as
 such, and never decides: the policy was trained to raise exactly that number. With fewer than
 ``min_heldout_pairs`` held-out pairs the verdict is "not enough evidence" and the candidate is
@@ -30,7 +32,8 @@ from typing import Any
 import torch
 
 from rlhf.data.criteria import SAFETY
-from rlhf.gate.instruments import four_digits, implicit_margins, judge_trust, paired_gain, sign_test
+from rlhf.gate.instruments import heldout_summary, implicit_margins, judge_trust, paired_gain
+from rlhf.gate.verdict import decided_by, evidence_p, evidence_reasons, judged_by, simes  # noqa: F401 (simes: part of the gate's API)
 from rlhf.models.chat_format import end_of_turn_token
 from rlhf.models.loading import load_causal_lm, resolve_device
 from rlhf.models.sampling import answer_logprob, sample_answers
@@ -96,64 +99,7 @@ def _first_askings(prompt_texts: list[str], per_prompt: int) -> list[int]:
     return out
 
 
-# ---------------------------------------------------------------------------- the verdict
-
-def _heldout_words(h: dict[str, Any]) -> str:
-    shown = "no pair separates them" if h["share"] is None else \
-        f"share {h['share']:.0%} [{h['ci95'][0]:.0%}, {h['ci95'][1]:.0%}]"
-    return (f"held-out preferences: the candidate favours the chosen answer more than the parent on {h['wins']} "
-            f"of {h['pairs']} pairs ({h['losses']} less, {h['ties']} tied; {shown}), sign test p = {h['p_value']:.3g}")
-
-
-def _judge_words(j: dict[str, Any] | None) -> str:
-    if j is None:
-        return "judge: none"
-    words = f"judge gain {j['gain']:.3f} over {j['prompts']} prompts, p = {j['p_value']:.3g}"
-    if not j.get("trusted"):
-        accuracy = "unknown" if j.get("accuracy") is None else \
-            f"{j['accuracy']:.0%} on {j['accuracy_pairs']} pairs it never saw, p = {j['trust_p']:.3g}"
-        words += f", not counted: its accuracy ({accuracy}) is not shown to beat chance"
-    return words
-
-
-def simes(p_values: list[float]) -> float:
-    """Simes' combination of one-sided p-values, ``min_i k * p_(i) / i`` (sorted ascending): below
-    ``alpha`` when the smallest is below ``alpha / k``, or the two smallest below ``2 alpha / k``, ...
-    A valid test of "no instrument shows an improvement" when the tests are independent or
-    positively dependent (Simes 1986; Sarkar 1998)."""
-    ordered = sorted(p_values)
-    return min(len(ordered) * p / rank for rank, p in enumerate(ordered, start=1))
-
-
-def evidence_p(heldout: dict[str, Any], judge: dict[str, Any] | None) -> float:
-    """The combined p-value of the instruments that count: the held-out pairs' sign test, and the
-    judge's gain when the judge is trusted (decided on training pairs, before the candidate)."""
-    counted = judge is not None and judge.get("trusted")
-    return four_digits(simes([heldout["p_value"]] + ([judge["p_value"]] if counted else [])))
-
-
-def evidence_reasons(heldout: dict[str, Any], judge: dict[str, Any] | None, t: GateThresholds) -> list[str]:
-    """Why the held-out evidence does not (yet) vouch for the candidate; empty when it does.
-
-    Two instruments, neither optimized against: the held-out pairs' sign test and a trusted
-    judge's paired gain. Their one-sided p-values, combined by Simes' test, must fall below
-    ``alpha``, and neither may show a decline at ``alpha``."""
-    n = heldout["pairs"]
-    if n < t.min_heldout_pairs:
-        return [f"not enough evidence: {n} held-out preference pairs, the gate needs at least "
-                f"{t.min_heldout_pairs} (training.gate.min_heldout_pairs)"]
-    worse = []
-    if heldout["p_worse"] < t.alpha:
-        worse.append(f"held-out preferences say worse: {_heldout_words(heldout)}, p(worse) = "
-                     f"{heldout['p_worse']:.3g} < {t.alpha}")
-    if judge is not None and judge.get("trusted") and judge["p_worse"] < t.alpha:
-        worse.append(f"the judge says worse: gain {judge['gain']:.3f}, p(worse) = {judge['p_worse']:.3g} < {t.alpha}")
-    combined = evidence_p(heldout, judge)
-    if worse or combined < t.alpha:
-        return worse
-    return [f"no held-out evidence of an improvement: {_heldout_words(heldout)}; {_judge_words(judge)}; "
-            f"combined (Simes) p = {combined:.3g}, not below {t.alpha}"]
-
+# ---------------------------------------------------------------------------- the checks
 
 def criteria_scores(reward_dir: str | Path, device: torch.device, texts: dict[str, list[str]]
                     ) -> dict[str, Any] | None:
@@ -194,24 +140,6 @@ def safety_reasons(kl: float, parent: dict[str, float], cand: dict[str, float], 
     return reasons
 
 
-def judged_by(heldout: dict[str, Any], judge: dict[str, Any] | None, t: GateThresholds) -> list[str]:
-    """The evidence the verdict rests on, in words (the run page and ``rl-train --json`` show it)."""
-    if t.evidence == "reported":
-        return ["KL from the parent and degeneration checks only: the held-out evidence is reported, not "
-                "required (training.gate.evidence = reported)"]
-    n = heldout["pairs"]
-    if n < t.min_heldout_pairs:
-        return [f"nothing: {n} held-out preference pairs, fewer than the {t.min_heldout_pairs} the gate needs"]
-    out = [f"held-out preferences: implicit reward margin vs the parent on {n} pairs (one-sided sign test)"]
-    if judge is not None:
-        trained = f" trained on {judge['trained_on_pairs']} held-out pairs" if judge.get("trained_on_pairs") else ""
-        out.append(f"judge reward model{trained} (signed-rank test of its gain over {judge['prompts']} prompts)"
-                   if judge.get("trusted") else
-                   f"judge reward model{trained}: reported, not counted (its accuracy is not shown to beat chance)")
-    counted = "both combined by Simes' test" if judge is not None and judge.get("trusted") else "alone"
-    return out + [f"{counted} at alpha {t.alpha}; KL from the parent and degeneration checks"]
-
-
 # ---------------------------------------------------------------------------- the gate
 
 def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward_dir: str | Path,
@@ -246,7 +174,8 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
     texts, p_ids, a_ids = samples["candidate"]
     kl = sum(answer_logprob(candidate, p, a) - answer_logprob(parent, p, a) for p, a in zip(p_ids, a_ids)) / len(a_ids)
     report("evaluate", 3, steps)
-    heldout = sign_test(implicit_margins(candidate, parent, tok, list(heldout_pairs or [])[: settings.max_pairs]))
+    heldout = heldout_summary(implicit_margins(candidate, parent, tok, list(heldout_pairs or [])[: settings.max_pairs]),
+                              thresholds.min_margin, thresholds.alpha)
     report("evaluate", 4, steps)
     del candidate, parent
     gc.collect()
@@ -292,6 +221,8 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
     rnd = lambda d: {k: round(v, 4) for k, v in d.items()}  # noqa: E731
     return {"passed": verdict == PASSED, "verdict": verdict, "reasons": reasons,
             "judged_by": judged_by(heldout, judge, thresholds),
+            # which evidence carried the verdict, with the effect and its bound, in words (the run page)
+            "decided_by": decided_by(heldout, judge, thresholds),
             "heldout": {**heldout, "alpha": thresholds.alpha, "min_pairs": thresholds.min_heldout_pairs},
             "judge": judge, "evidence_p": evidence_p(heldout, judge),
             # the run's own reward model: PPO/RLOO optimized against it, so its gain is reported, never decides

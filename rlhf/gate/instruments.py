@@ -1,7 +1,9 @@
 """The gate's two instruments and their tests.
 
 * Held-out preference pairs: the DPO-style implicit reward margin of the candidate over its
-  parent on each pair, counted by a one-sided sign test.
+  parent on each pair; what counts is its size, the mean margin's one-sided lower confidence bound
+  against a minimum effect (``margin_effect``). The sign test (how many pairs went each way) is
+  reported and tests a decline.
 * The judge: a reward model trained on the held-out pairs only, trusted when it ranks training
   pairs better than a coin; its per-prompt gain on both models' answers goes to a signed-rank test.
 """
@@ -9,8 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import math
+
 import torch
-from scipy.stats import binomtest, wilcoxon
+from scipy.stats import binomtest, ttest_1samp, wilcoxon
 
 from rlhf.data.datasets import to_standard
 from rlhf.models.loading import context_length
@@ -106,6 +110,35 @@ def sign_test(margins: list[float]) -> dict[str, Any]:
                    p_value=four_digits(binomtest(wins, decided, 0.5, alternative="greater").pvalue),
                    p_worse=four_digits(binomtest(wins, decided, 0.5, alternative="less").pvalue))
     return out
+
+
+def margin_effect(margins: list[float], min_margin: float, alpha: float) -> dict[str, Any]:
+    """How far the candidate moved towards the preferred answers, not just which way: the mean
+    implicit reward margin, its one-sided lower ``1 - alpha`` confidence bound (Student's t over the
+    pairs, ties counted as the zeros they are) and the one-sided p-value of "the mean margin exceeds
+    ``min_margin``" (``effect_p``, below ``alpha`` exactly when the bound is above the minimum).
+
+    A sign test counts the direction of every margin however small: a candidate that shifts every
+    likelihood by a hair in a direction the raters happen to share passes it with a tiny p-value
+    (49 of 55 pairs, mean 0.18 nats, for a candidate no better than its parent). The bound asks
+    for a shift of a size a real improvement makes (benchmarks/gate_false_pass.py)."""
+    out: dict[str, Any] = {"min_margin": min_margin, "margin_low": None, "effect_p": 1.0}
+    if len(margins) < 2:
+        return out
+    mean = sum(margins) / len(margins)
+    if max(margins) - min(margins) <= TIE_NATS:  # no spread: the bound is the mean itself
+        low, p_value = mean, (0.0 if mean > min_margin else 1.0)
+    else:
+        test = ttest_1samp(margins, popmean=min_margin, alternative="greater")
+        low, p_value = float(test.confidence_interval(confidence_level=1 - alpha).low), float(test.pvalue)
+    out.update(margin_low=round(low, 4) if math.isfinite(low) else None, effect_p=four_digits(p_value))
+    return out
+
+
+def heldout_summary(margins: list[float], min_margin: float, alpha: float) -> dict[str, Any]:
+    """The held-out pairs' evidence as the gate reports and decides on it: the sign test's counts,
+    share and p-values (``sign_test``) and the size of the shift (``margin_effect``)."""
+    return {**sign_test(margins), **margin_effect(margins, min_margin, alpha)}
 
 
 def four_digits(value: float) -> float:
