@@ -1,6 +1,8 @@
 """Training runs as the dashboard and the admin API show them."""
 from __future__ import annotations
 
+from typing import Any
+
 from webapp.core.display import display_paths, display_text
 from webapp.core.extensions import db
 from webapp.core.models import TrainingRun, iso
@@ -25,5 +27,24 @@ def run_dict(run: TrainingRun, full: bool = False) -> dict:
         data["late"] = health["message"] if health["late"] else None  # shown before the watchdog stops it
     if full:
         data.update(feedback_counts=run.feedback_counts, metrics=display_paths(run.metrics),
-                    config=display_paths(run.config), log=display_text(run.log))
+                    config=display_paths(run.config), log=display_text(run.log),
+                    gate=gate_explanation((run.metrics or {}).get("evaluation")))
     return data
+
+
+def gate_explanation(evaluation: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Which evidence carried the gate's verdict, in words an operator reads: what the gate stored
+    (rlhf.gate.verdict.decided_by: the instruments, the effect and its bound). A run judged before
+    the gate had an effect size stored none; its sentence says so and gives the sign test it was
+    judged by. None for a run the gate never saw."""
+    if not evaluation:
+        return None
+    if evaluation.get("decided_by"):
+        return {**evaluation["decided_by"], "rule": "effect size"}
+    h = evaluation.get("heldout") or {}
+    if not h:
+        return None
+    words = (f"Judged by the rule before the effect size: the held-out pairs' sign test ({h.get('wins')} of "
+             f"{h.get('pairs')} pairs the right way, p = {h.get('p_value')}), which counted the direction of "
+             f"each margin however small (mean margin {h.get('mean_margin')} nats).")
+    return {"by": None, "better": evaluation.get("passed"), "words": words, "rule": "sign test"}

@@ -453,6 +453,54 @@ def test_run_page_shows_what_judged_the_candidate_and_labels_the_optimized_again
     assert out["optimized_against"] == {"reward_gain": 0.912, "decides": False}
 
 
+def test_run_page_says_which_evidence_carried_the_verdict_with_the_effect_and_its_bound(setup):
+    """The gate's evidence as rlhf.gate stores it now: the page says, in words, what carried a pass
+    (the held-out pairs' mean margin and its lower bound against the minimum) and why a candidate the
+    trusted judge found flat was not passed on the pairs alone; the effect has its own row."""
+    from rlhf.gate.instruments import heldout_summary, judge_trust
+    from rlhf.gate.verdict import decided_by, evidence_reasons, judged_by
+    from rlhf.settings import GateThresholds
+
+    app, _ = setup
+    t = GateThresholds()
+    row = {"mean_reward": 0.1, "empty_rate": 0.0, "repetition": 0.0, "distinct2": 0.6, "mean_words": 20.0}
+    judge = {"trained_on_pairs": 21, "accuracy": 0.9, "accuracy_pairs": 60, **judge_trust(0.9, 60, t.alpha),
+             "parent_mean": -0.2, "candidate_mean": -0.16, "gain": 0.038, "prompts": 18, "p_value": 0.70,
+             "p_worse": 0.31}
+    runs = []
+    for margins, j in (([1.2, 0.9, 1.8, 0.7, 1.1, 1.5, 0.6, 1.3, 1.0, 1.4, 0.8, 1.6], None),
+                       ([0.2] * 18 + [-0.1] * 3, judge)):
+        h = {**heldout_summary(margins, t.min_margin, t.alpha), "alpha": t.alpha, "min_pairs": t.min_heldout_pairs}
+        reasons = evidence_reasons(h, j, t)
+        runs.append({"passed": not reasons, "verdict": "rejected" if reasons else "passed", "reasons": reasons,
+                     "judged_by": judged_by(h, j, t), "decided_by": decided_by(h, j, t), "heldout": h, "judge": j,
+                     "evidence_p": 0.01, "reward_gain": 0.5, "kl_from_parent": 1.0, "parent": row, "candidate": row})
+    with app.app_context():
+        rows = [TrainingRun(trigger="cli", algorithm="ppo", status="succeeded",
+                            metrics={"decision": "candidate" if ev["passed"] else "rejected_by_gate", "evaluation": ev})
+                for ev in runs]
+        db.session.add_all(rows)
+        db.session.commit()
+        ids = [r.id for r in rows]
+    admin = Admin(app)
+    html = admin.get(f"/admin/runs/{ids[0]}").get_data(as_text=True)
+    carried = html.split('data-testid="gate-decided-by">')[1].split("</p>")[0]
+    low = runs[0]["heldout"]["margin_low"]
+    assert carried.startswith("<b>What carried it:</b> Better, carried by the held-out pairs: on 12 held-out pairs "
+                              "the candidate moved towards the answer people preferred by 1.16 nats on average (12 of "
+                              f"12 pairs the right way); with 95% confidence at least {low:.2f}, above the 0.5 the "
+                              "gate needs")
+    effect = html.split('data-evidence="heldout-effect">')[1].split("</tr>")[0]
+    assert f"1.158 nats, at least {low:.3f} (the gate needs more than 0.5)" in effect
+    html = admin.get(f"/admin/runs/{ids[1]}").get_data(as_text=True)
+    why = html.split('data-testid="gate-decided-by">')[1].split("</p>")[0]
+    assert why.startswith("<b>Why not:</b> Not shown better: the trusted judge found no gain, and the pairs alone "
+                          "cannot outvote it: on 21 held-out pairs the candidate moved towards the answer people "
+                          "preferred by 0.16 nats on average (18 of 21 pairs the right way)")
+    assert "not above the 0.5 the gate needs; the judge scored the candidate&#39;s own answers +0.038" in why
+    assert admin.get(f"/api/admin/runs/{ids[1]}").get_json()["gate"]["better"] is False
+
+
 def test_a_reward_model_that_cannot_be_loaded_leaves_the_pages_up(setup):
     """An experiment whose variant's reward model directory is damaged (a config.json only):
     the overview, the experiment page and the metrics API answer, and say why scores are missing."""
