@@ -7,11 +7,15 @@ server on a loopback port with the scheduler inside (short intervals), and round
    chat until the cycle's feedback budget is reached (at most 400 events in all);
 2. training        -- the scheduler notices the new feedback and runs rl-train in a child
    process; chat-only probe users keep chatting to measure latency while it trains;
-3. experiment      -- the experiment monitor starts control-vs-candidate; chat-only evaluation
-   users (50/50 by hash) ask held-out questions; every served answer is judged by the
-   preference function (ground truth) and the arms are compared with a two-proportion test;
-   the monitor concludes by its policy (primary metric: mean reward-model score, so the
-   decision needs no extra feedback events).
+3. experiment      -- the experiment monitor starts control-vs-candidate; evaluation users (50/50
+   by hash) ask held-out questions and rate the answers as the rating users do (no side-by-side
+   compares); every served answer is judged by the preference function (ground truth) and the
+   arms are compared with a two-proportion test; the monitor concludes by the product's deployed
+   policy and primary metric (``monitor_policy``: the server's own settings, none overridden here,
+   so "promoted" is what an operator would see). Their ratings are feedback like any other: they
+   count in the events, and the scheduler may start the next run from them while the experiment
+   runs (the next cycle is then that run). An experiment the monitor has not concluded when the
+   evaluation is done is stopped by the benchmark and recorded as "wait".
 
 Stops after the first cycle whose variant satisfies the preference significantly more often
 than the control (p < 0.05), or after 2 cycles.
@@ -28,9 +32,10 @@ naming the user (``user``) and ``/v1/feedback`` by completion id (rlhf.sim.users
 compare votes, the API has none). Their answers are looked up in the database by completion id.
 
 With ``--zoo`` each preference also gets the reward model's AUC on the experiment's answers (the
-scores the monitor stored for its mean-reward metric against the users' ground truth: held-out
-questions, answers of both arms) and the verdict against its budget: a significant win within
-400 events, 2 cycles and 15 minutes.
+scores the experiment's metrics table stored for its mean-reward row, against the users' ground truth:
+held-out questions, answers of both arms) and the verdict against its budget: a win -- the monitor
+promoted, and ground truth says significantly better -- within 400 events of the rating users, 2
+cycles and 15 minutes.
 
 One module because it is one experiment read top to bottom: the server, the simulated users, the
 loop's phases and the report.
@@ -60,20 +65,48 @@ from tests.support.live_server import LiveServer  # noqa: E402
 from webapp.experiments import sample_stats  # noqa: E402
 from webapp.core.extensions import db  # noqa: E402
 from webapp.core.models import AnswerScore, Experiment, Message, ModelVersion, TrainingRun  # noqa: E402
+from webapp.experiments.lifecycle import stop_experiment  # noqa: E402
+from webapp.experiments.promotion import policy_from_config  # noqa: E402
 
 FEEDBACK_BUDGET = (200, 400)  # cumulative feedback events allowed before cycle 1 and cycle 2
 WALL_BUDGET_S = 900  # --zoo: a preference's whole run (feedback, training, experiment) on 2 cores
-EVAL_PER_ARM = 250  # chat-only answers judged per arm (the monitor waits for as many before deciding)
+EVAL_PER_ARM = 250  # answers judged per arm by ground truth (the monitor decides by its own policy meanwhile)
+# evaluation users rate as the rating users do, one answer per question (no side-by-side compare)
+EVAL_BEHAVIOUR = Behaviour(compare_prob=0.0)
 
 
 def server_env() -> dict[str, str]:
+    """The server's settings: the scheduler's intervals shortened (minutes become seconds), and nothing
+    of the promotion policy (primary metric, alpha, minimum sample, sequential tuning, user cap,
+    guardrails): the monitor decides as deployed (``monitor_policy`` records what it was). Compares
+    are off so that every evaluation answer is one arm's."""
     return {"RLHF_SCHEDULER": "1", "RLHF_RETRAIN_INTERVAL_SECONDS": "4", "RLHF_MONITOR_INTERVAL_SECONDS": "3",
             "RLHF_HOUSEKEEPING_INTERVAL_SECONDS": "300", "RLHF_RETRAIN_MIN_FEEDBACK": "150",
-            "RLHF_PRIMARY_METRIC": "mean_reward", "RLHF_AB_MIN_SAMPLE": str(EVAL_PER_ARM), "RLHF_COMPARE_RATE": "0",
-            "RLHF_EXPERIMENT_SPLIT": "0.5", "RLHF_DEVICE": "cpu", "RLHF_RETRAIN_ALGORITHM": "ppo",
+            "RLHF_COMPARE_RATE": "0", "RLHF_DEVICE": "cpu", "RLHF_RETRAIN_ALGORITHM": "ppo",
             # hundreds of simulated users from 127.0.0.1, as fast as the server answers: a load
             # test, not people, so the per-address rate limits are off
             "RLHF_RATELIMIT_ENABLED": "0"}
+
+
+def monitor_policy(instance: Path, env: dict[str, str]) -> dict:
+    """The promotion policy the run's server decides by, read as the server reads it (its settings with
+    ``env`` on top: ``webapp.experiments.promotion.policy_from_config``), and its minimum sample."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        app = make_app(instance)
+        policy = policy_from_config(app.config)
+        return {"primary_metric": policy.primary_metric, "alpha": policy.alpha,
+                "sequential_tuning": policy.sequential_tuning, "user_cap": policy.user_cap,
+                "guardrail_alpha": policy.guardrail_alpha, "max_hours": policy.max_hours,
+                "min_sample": int(app.config["RLHF_AB_MIN_SAMPLE"]),
+                "compare_rate": float(app.config["RLHF_COMPARE_RATE"])}
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def create_api_key(instance: Path, name: str = "closed-loop") -> str:
@@ -134,7 +167,7 @@ def db_state(instance: Path):
     with app.app_context():
         runs = [(r.id, r.status, r.trigger, (r.metrics or {}).get("decision"),
                  (r.metrics or {}).get("reward_model", {}).get("heldout_accuracy"), r.started_at, r.finished_at,
-                 (r.feedback_counts or {}).get("events"))
+                 (r.feedback_counts or {}).get("events"), (r.metrics or {}).get("version"))
                 for r in db.session.scalars(db.select(TrainingRun).order_by(TrainingRun.id))]
         exps = [(e.key, e.status, e.decision, e.variant_version.name, e.control_version.name)
                 for e in db.session.scalars(db.select(Experiment).order_by(Experiment.id))]
@@ -153,6 +186,60 @@ def stored_ids(instance: Path, interactions: list[Interaction]) -> list[int | No
                                             .where(Message.completion_id.in_(wanted))).all())
             db.session.remove()
     return [i.message_id if i.message_id is not None else found.get(i.completion_id) for i in interactions]
+
+
+def concluded(instance: Path, key: str) -> tuple | None:
+    """The experiment ``key`` once it is no longer running (its row), else None."""
+    return next((e for e in db_state(instance)[1] if e[0] == key and e[1] != "running"), None)
+
+
+def stop_unconcluded(instance: Path, key: str) -> str:
+    """The monitor's decision on experiment ``key``; one it has not reached is stopped (so the next
+    candidate's experiment can start) and recorded as "wait"."""
+    done = wait_for(lambda: concluded(instance, key), 20)
+    if done:
+        return done[2] or done[1]
+    app = _APPS.setdefault(instance, make_app(instance))
+    with app.app_context():
+        try:
+            stop_experiment(key, actor="benchmark")
+        except Exception:  # the monitor concluded it in between
+            pass
+        db.session.remove()
+    done = concluded(instance, key)
+    return f"wait (no verdict from the monitor; stopped by the benchmark)" if not done or done[1] == "stopped" \
+        else (done[2] or done[1])
+
+
+def evaluate_arms(instance: Path, users: "Users", exp: tuple, questions: list[str], seed0: int, per_arm: int,
+                  deadline_s: float) -> dict:
+    """Evaluation users (rating, ``EVAL_BEHAVIOUR``) ask ``questions`` in turn until both arms have
+    ``per_arm`` judged answers, or the monitor concluded and the arm still serving has them (after a
+    promotion new users get the variant, after keep-control the control); the answers as
+    (arm, satisfied, message id, question, answer), the feedback events they gave, the users."""
+    control_name, variant_name = exp[4], exp[3]
+    judged: list[tuple[str, bool, int, str, str]] = []
+    count = {"control": 0, "variant": 0}
+    events, i, deadline, ended = 0, 0, time.time() + deadline_s, False
+    latencies: list[float] = []
+    while time.time() < deadline and i < 6 * per_arm:
+        if min(count.values()) >= per_arm or (ended and max(count.values()) >= per_arm):
+            break
+        user = users.new(seed0 + i, EVAL_BEHAVIOUR)
+        interactions = user.ask(questions[i % len(questions)])
+        ids = stored_ids(instance, interactions)
+        versions = answered_by(instance, [mid for mid in ids if mid is not None])
+        for inter, mid in zip(interactions, ids):
+            events += inter.events
+            arm = {control_name: "control", variant_name: "variant"}.get(versions.get(mid))
+            if arm:
+                count[arm] += 1
+                judged.append((arm, inter.satisfaction >= 0.5, mid, inter.question, inter.answer))
+            latencies.append(inter.latency_s)
+        i += 1
+        if i % 10 == 0 and not ended:
+            ended = concluded(instance, exp[0]) is not None
+    return {"judged": judged, "events": events, "users": i, "latencies": latencies}
 
 
 def answered_by(instance: Path, message_ids: list[int]) -> dict[int, str]:
@@ -177,8 +264,8 @@ def auc(scores: list[float], labels: list[bool]) -> float | None:
 
 
 def reward_auc(instance: Path, judged_ids: dict[int, bool]) -> dict | None:
-    """The reward model's AUC on the experiment's answers: the scores the monitor stored for its
-    mean-reward metric (one reward model's, not a criterion's) against the users' ground truth."""
+    """The reward model's AUC on the experiment's answers: the scores the metrics table stored for its
+    mean-reward row (one reward model's, not a criterion's) against the users' ground truth."""
     app = _APPS.setdefault(instance, make_app(instance))
     with app.app_context():
         rows = db.session.execute(db.select(AnswerScore.message_id, AnswerScore.score, AnswerScore.reward_model)
@@ -211,20 +298,26 @@ def run_preference(preference: str, model_dir: Path, behaviour: Behaviour | None
     instance = Path(tempfile.mkdtemp(prefix=f"loop-{preference}-")) / "instance"
     register_model(make_app(instance), model_dir)
     api_key = create_api_key(instance) if via == "openai" else None
-    server = LiveServer(instance, env={**server_env(), **(extra_env or {})})
+    env = {**server_env(), **(extra_env or {})}
+    monitor = monitor_policy(instance, env)
+    server = LiveServer(instance, env=env)
     prompts = prompt_set(120, seed=3)
     held_out = prompt_set(200, seed=99)
-    events, seed, rounds = 0, 0, []
+    events, seed, rounds, last_run = 0, 0, [], 0
     train_latency: list[float] = []
     idle_latency: list[float] = []
+
+    def next_run() -> tuple | None:  # the oldest run the loop has not looked at
+        return next((r for r in db_state(instance)[0] if r[0] > last_run), None)
+
     try:
         users = Users(server.url, preference, via, api_key)
         for cycle, budget in enumerate(FEEDBACK_BUDGET, start=1):
             rnd: dict = {"cycle": cycle}
-            n_runs = len(db_state(instance)[0])
-            # 1. feedback phase
+            # 1. feedback phase, unless the scheduler already started a run (on the last experiment's ratings)
             t0 = time.perf_counter()
-            while events < budget:
+            rnd["run_started_by_experiment_ratings"] = next_run() is not None
+            while events < budget and next_run() is None:
                 user = users.new(seed, behaviour)
                 seed += 1
                 for _ in range(3):
@@ -240,11 +333,13 @@ def run_preference(preference: str, model_dir: Path, behaviour: Behaviour | None
             t0 = time.perf_counter()
             probe = Probe(users, seed=1000 + cycle)
             probe.start()
-            started = wait_for(lambda: len(db_state(instance)[0]) > n_runs, 120)
-            done = wait_for(lambda: (r := db_state(instance)[0][-1]) and r[1] in ("succeeded", "failed") and r, 900)
+            started = wait_for(next_run, 120)
+            done = wait_for(lambda: (r := next_run()) and r[1] in ("succeeded", "failed") and r, 900)
             probe.stop.set()
             probe.join()
-            run = done or db_state(instance)[0][-1]
+            run = done or next_run()
+            if run:
+                last_run = run[0]
             if run and run[5] and run[6]:
                 window = (run[5].timestamp(), run[6].timestamp())
                 train_latency += [lat for ts, lat in probe.samples if window[0] <= ts <= window[1] + 1]
@@ -256,60 +351,56 @@ def run_preference(preference: str, model_dir: Path, behaviour: Behaviour | None
                 rounds.append(rnd)
                 continue
 
-            # 3. the monitor starts an experiment; evaluation users chat; ground truth per arm
+            # 3. the monitor starts an experiment for this run's candidate; evaluation users chat and rate
             t0 = time.perf_counter()
             # generous: on a busy machine the monitor's tick can lag well behind the run's end
-            exp = wait_for(lambda: next((e for e in db_state(instance)[1] if e[1] == "running"), None), 300)
+            exp = wait_for(lambda: next((e for e in db_state(instance)[1] if e[1] == "running" and e[3] == run[8]),
+                                        None), 300)
             rnd["experiment"] = exp[0] if exp else None
             if not exp:
                 rnd["decision"] = "no experiment started"
                 rounds.append(rnd)
                 continue
-            # judged by the version that answered (after a promotion new users get the variant without an arm)
-            control_name, variant_name = (exp[4], exp[3]) if exp else (None, None)
-            judged: dict[str, list[bool]] = {"control": [], "variant": []}
-            judged_ids: dict[int, bool] = {}
-            rude_by_arm: dict[str, list[bool]] = {"control": [], "variant": []}
-            i, deadline = 0, time.time() + 600
-            while min(map(len, judged.values())) < EVAL_PER_ARM and time.time() < deadline and i < 6 * EVAL_PER_ARM:
-                user = users.new(50_000 + cycle * 10_000 + i, rate=False)
-                interactions = user.ask(held_out[i % len(held_out)])
-                ids = stored_ids(instance, interactions)
-                versions = answered_by(instance, [mid for mid in ids if mid is not None])
-                for inter, mid in zip(interactions, ids):
-                    arm = {control_name: "control", variant_name: "variant"}.get(versions.get(mid))
-                    if arm:
-                        judged[arm].append(inter.satisfaction >= 0.5)
-                        judged_ids[mid] = inter.satisfaction >= 0.5
-                        rude_by_arm[arm].append(rude(inter.question, inter.answer))
-                    idle_latency.append(inter.latency_s)
-                i += 1
+            ev = evaluate_arms(instance, users, exp, held_out, 50_000 + cycle * 10_000, EVAL_PER_ARM, 600)
+            events += ev["events"]
+            idle_latency += ev["latencies"]
+            judged = {arm: [sat for a, sat, *_ in ev["judged"] if a == arm] for arm in ("control", "variant")}
+            judged_ids = {mid: sat for _, sat, mid, *_ in ev["judged"]}
+            rude_by_arm = {arm: [rude(q, a) for x, _, _, q, a in ev["judged"] if x == arm]
+                           for arm in ("control", "variant")}
             c, v = judged["control"], judged["variant"]
             est_c, est_v = sample_stats.wilson(sum(c), len(c)), sample_stats.wilson(sum(v), len(v))
             cmp_ = sample_stats.compare_proportions((sum(c), len(c)), (sum(v), len(v)))
             rnd.update(control={"share": est_c.value, "ci": [est_c.low, est_c.high], "n": len(c)},
                        variant={"share": est_v.value, "ci": [est_v.low, est_v.high], "n": len(v)},
-                       p_value=cmp_.p_value, experiment_s=round(time.perf_counter() - t0, 1))
+                       p_value=cmp_.p_value, experiment_s=round(time.perf_counter() - t0, 1),
+                       experiment_events=ev["events"], experiment_users=ev["users"])
             rc, rv = rude_by_arm["control"], rude_by_arm["variant"]
             rude_c, rude_v = sample_stats.wilson(sum(rc), len(rc)), sample_stats.wilson(sum(rv), len(rv))
             rnd["rude"] = {"control": {"share": rude_c.value, "ci": [rude_c.low, rude_c.high], "n": len(rc)},
                            "variant": {"share": rude_v.value, "ci": [rude_v.low, rude_v.high], "n": len(rv)},
                            "p_value": sample_stats.compare_proportions((sum(rc), len(rc)), (sum(rv), len(rv))).p_value}
-            decided = wait_for(lambda: next((e for e in db_state(instance)[1] if e[0] == rnd["experiment"]
-                                             and e[1] != "running"), None), 20)
-            rnd["decision"] = (decided[2] if decided else "wait (still running)")
+            rnd["decision"] = stop_unconcluded(instance, exp[0])
+            rnd["events_after_experiment"] = events
             rnd["reward_model_auc"] = reward_auc(instance, judged_ids)
             rounds.append(rnd)
-            if cmp_.p_value is not None and cmp_.p_value < 0.05 and est_v.value > est_c.value:
+            if rnd["decision"] == "promote" and cmp_.p_value is not None and cmp_.p_value < 0.05 \
+                    and est_v.value > est_c.value:
                 break
     finally:
         server.stop()
     last = next((r for r in reversed(rounds) if "p_value" in r), None)
-    won = next((r for r in rounds if r.get("p_value") is not None and r["p_value"] < 0.05
-                and r["variant"]["share"] > r["control"]["share"]), None)
+    # a win is what an operator sees: the monitor promoted, and ground truth says significantly better
+    won = next((r for r in rounds if r.get("decision") == "promote" and r.get("p_value") is not None
+                and r["p_value"] < 0.05 and r["variant"]["share"] > r["control"]["share"]), None)
+    worse = [r["cycle"] for r in rounds if r.get("decision") == "promote" and r.get("p_value") is not None
+             and r["p_value"] < 0.05 and r["variant"]["share"] < r["control"]["share"]]
     return {"preference": label or preference, "via": via, "rounds": rounds, "feedback_events": events,
             "events_to_win": won["feedback_events_total"] if won else None, "cycles_to_win": won["cycle"] if won else None,
-            "success": bool(last and last["p_value"] < 0.05 and last["variant"]["share"] > last["control"]["share"]),
+            "events_at_win": won["events_after_experiment"] if won else None, "monitor": monitor,
+            "success": won is not None, "worse_promoted": worse,
+            "last_significantly_better": bool(last and last["p_value"] < 0.05
+                                              and last["variant"]["share"] > last["control"]["share"]),
             "cycles": len(rounds), "wall_s": round(time.perf_counter() - t_start, 1),
             "latency_p95_training_ms": round(1000 * p95(train_latency), 1) if train_latency else None,
             "latency_p95_idle_ms": round(1000 * p95(idle_latency), 1) if idle_latency else None,
@@ -349,7 +440,7 @@ def markdown(results: list[dict]) -> str:
 def zoo_markdown(results: list[dict]) -> str:
     """One row per zoo preference: did it win within the budget, and the evidence of each stage."""
     lines = ["| preference | win within budget | events to win | cycles | RM held-out acc. (per cycle) | "
-             "RM AUC on experiment answers | gate (per cycle) | control satisfied | variant satisfied | p-value | "
+             "RM AUC on experiment answers | gate, monitor (per cycle) | control satisfied | variant satisfied | p-value | "
              "wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         rounds = res["rounds"]
@@ -359,8 +450,8 @@ def zoo_markdown(results: list[dict]) -> str:
                           for r in rounds)
         aucs = " / ".join("–" if not r.get("reward_model_auc") or r["reward_model_auc"]["auc"] is None
                           else f"{r['reward_model_auc']['auc']:.2f}" for r in rounds)
-        gates = " / ".join("passed" if r.get("run_decision") == "candidate" else str(r.get("run_decision"))
-                           for r in rounds)
+        gates = " / ".join(("passed" + (f", monitor: {r['decision']}" if r.get("decision") else ""))
+                           if r.get("run_decision") == "candidate" else str(r.get("run_decision")) for r in rounds)
         p = last.get("p_value")
         lines.append(" | ".join([
             f"| {res['preference']}", "**yes**" if within else "no",
@@ -368,8 +459,13 @@ def zoo_markdown(results: list[dict]) -> str:
             _share(last.get("control")), _share(last.get("variant")), f"{p:.2g}" if p is not None else "–",
             f"{res['wall_s']:.0f} |"]))
     wins = sum(1 for r in results if r["success"] and r["wall_s"] <= WALL_BUDGET_S)
-    lines += ["", f"{wins} of {len(results)} preferences won within the budget (400 events, 2 cycles, "
-                  f"{WALL_BUDGET_S // 60} minutes)."]
+    worse = sum(1 for r in results if r.get("worse_promoted"))
+    lines += ["", f"{wins} of {len(results)} preferences won within the budget (promoted by the monitor and "
+                  f"significantly better by ground truth; 400 events of the rating users, 2 cycles, "
+                  f"{WALL_BUDGET_S // 60} minutes); {worse} promoted a worse variant."]
+    monitors = {json.dumps(r.get("monitor"), sort_keys=True) for r in results if r.get("monitor")}
+    if monitors:
+        lines.append(f"The monitor decided by: {'; '.join(sorted(monitors))}.")
     return "\n".join(lines)
 
 

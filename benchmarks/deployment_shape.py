@@ -14,8 +14,11 @@ for every cycle, which stage kept or lost the signal:
 - **policy**: the satisfied share of 8 answers per question, parent -> candidate (sampled from the
   stored versions, the gate's rejected ones included), and the words per answer;
 - **gate**: its verdict and evidence (held-out pairs won, judge gain, combined p);
-- **experiment**: evaluation users (chat only) ask the same N questions; ground truth per arm,
-  two-proportion test; the monitor's decision.
+- **experiment**: evaluation users ask the same N questions and rate the answers as users do; ground
+  truth per arm, two-proportion test; the monitor's decision, by the product's deployed policy and
+  primary metric (nothing of the promotion policy is overridden: ``closed_loop.monitor_policy``
+  records what it was). Their ratings are feedback like any: the scheduler may retrain on them while
+  the experiment runs, and the next cycle is then that run.
 
 A preference *wins* in the first cycle whose experiment the monitor promoted and whose ground
 truth says the variant is significantly better (p < 0.05); a promotion that ground truth calls
@@ -24,6 +27,7 @@ worse is counted as such.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -49,14 +53,14 @@ from webapp.core.models import ModelVersion, TrainingRun  # noqa: E402
 from webapp.experiments import sample_stats  # noqa: E402
 
 MAX_EVENTS = 200  # the feedback budget of a small deployment's first days
-EVAL_PER_ARM = 160  # chat-only answers judged per arm (the monitor waits for as many)
+EVAL_PER_ARM = 160  # answers judged per arm by ground truth (the monitor decides by its own policy meanwhile)
 SAMPLES_PER_QUESTION = 8  # policy diagnosis: answers sampled per question from parent and candidate
 
 
 def server_env() -> dict[str, str]:
     """The closed loop's server settings with the deployed retrain cadence (no override of
-    ``RLHF_RETRAIN_MIN_FEEDBACK``) and the default algorithm."""
-    env = {**loop.server_env(), "RLHF_AB_MIN_SAMPLE": str(EVAL_PER_ARM)}
+    ``RLHF_RETRAIN_MIN_FEEDBACK``) and the default algorithm; the promotion policy is the deployed one."""
+    env = dict(loop.server_env())
     for key in ("RLHF_RETRAIN_MIN_FEEDBACK", "RLHF_RETRAIN_ALGORITHM"):
         env.pop(key)
     return env
@@ -121,28 +125,17 @@ def run_metrics(instance: Path, run_id: int) -> dict[str, Any]:
 
 
 def experiment(instance: Path, users: loop.Users, exp: tuple, questions: list[str], cycle: int) -> dict[str, Any]:
-    """Evaluation users ask the N questions until each arm has ``EVAL_PER_ARM`` judged answers;
-    ground truth per arm and the monitor's decision."""
-    control_name, variant_name = exp[4], exp[3]
-    judged: dict[str, list[bool]] = {"control": [], "variant": []}
-    i, deadline = 0, time.time() + 900
-    while min(map(len, judged.values())) < EVAL_PER_ARM and time.time() < deadline and i < 6 * EVAL_PER_ARM:
-        user = users.new(70_000 + cycle * 10_000 + i, rate=False)
-        interactions = user.ask(questions[i % len(questions)])
-        ids = loop.stored_ids(instance, interactions)
-        versions = loop.answered_by(instance, [m for m in ids if m is not None])
-        for inter, mid in zip(interactions, ids):
-            arm = {control_name: "control", variant_name: "variant"}.get(versions.get(mid))
-            if arm:
-                judged[arm].append(inter.satisfaction >= 0.5)
-        i += 1
-    c, v = judged["control"], judged["variant"]
+    """Evaluation users ask the N questions and rate (``closed_loop.evaluate_arms``) until each arm has
+    ``EVAL_PER_ARM`` judged answers (or the monitor concluded); ground truth per arm and the monitor's
+    decision (one it has not reached is stopped and recorded as "wait")."""
+    ev = loop.evaluate_arms(instance, users, exp, questions, 70_000 + cycle * 10_000, EVAL_PER_ARM, 900)
+    c = [sat for arm, sat, *_ in ev["judged"] if arm == "control"]
+    v = [sat for arm, sat, *_ in ev["judged"] if arm == "variant"]
     test = sample_stats.compare_proportions((sum(c), len(c)), (sum(v), len(v)))
-    decided = loop.wait_for(lambda: next((e for e in loop.db_state(instance)[1] if e[0] == exp[0]
-                                          and e[1] != "running"), None), 120)
     return {"control": {"share": round(sum(c) / max(1, len(c)), 3), "n": len(c)},
             "variant": {"share": round(sum(v) / max(1, len(v)), 3), "n": len(v)},
-            "p_value": test.p_value, "decision": decided[2] if decided else "still running"}
+            "p_value": test.p_value, "decision": loop.stop_unconcluded(instance, exp[0]),
+            "events": ev["events"], "users": ev["users"]}
 
 
 def run_deployment(pref: str, model_dir: Path, n_questions: int = 16, via: str = "chat",
@@ -153,38 +146,45 @@ def run_deployment(pref: str, model_dir: Path, n_questions: int = 16, via: str =
     instance = Path(tempfile.mkdtemp(prefix=f"deploy-{pref}-")) / "instance"
     register_model(make_app(instance), model_dir)
     api_key = loop.create_api_key(instance) if via == "openai" else None
-    server = LiveServer(instance, env={**server_env(), **(extra_env or {})})
-    events, seed, cycles, won, worse_promoted = 0, 0, [], None, False
+    env = {**server_env(), **(extra_env or {})}
+    monitor = loop.monitor_policy(instance, env)
+    server = LiveServer(instance, env=env)
+    events, experiment_events, seed, cycles, won, worse_promoted, last_run = 0, 0, 0, [], None, False, 0
+
+    def next_run() -> tuple | None:  # the oldest run not looked at yet
+        return next((r for r in loop.db_state(instance)[0] if r[0] > last_run), None)
+
     try:
         users = loop.Users(server.url, pref, via, api_key)
-        seen_runs = 0
         while events < MAX_EVENTS:
             # feedback until the scheduler starts a run (it checks every few seconds) or the budget is spent
-            while events < MAX_EVENTS and len(loop.db_state(instance)[0]) == seen_runs:
+            while events < MAX_EVENTS and next_run() is None:
                 user = users.new(seed)
                 seed += 1
                 for _ in range(3):  # a user asks three of the questions, the set round-robin over users
                     for inter in user.ask(questions[seed % len(questions)]):
                         events += inter.events
                     seed += 1
-            runs = loop.wait_for(lambda: len(loop.db_state(instance)[0]) > seen_runs and loop.db_state(instance)[0],
-                                 60 if events >= MAX_EVENTS else 5)
-            if not runs:
+            if not loop.wait_for(next_run, 60 if events >= MAX_EVENTS else 5):
                 break
-            seen_runs = len(runs)
-            done = loop.wait_for(lambda: (r := loop.db_state(instance)[0][-1]) and r[1] in ("succeeded", "failed") and r,
-                                 1200)
-            if not done or done[1] != "succeeded":
-                cycles.append({"cycle": len(cycles) + 1, "events_at_start": events, "run": "failed or timed out"})
+            done = loop.wait_for(lambda: (r := next_run()) and r[1] in ("succeeded", "failed") and r, 1200)
+            if not done:
+                cycles.append({"cycle": len(cycles) + 1, "events_at_start": events, "run": "timed out"})
+                break
+            last_run = done[0]
+            if done[1] != "succeeded":
+                cycles.append({"cycle": len(cycles) + 1, "events_at_start": events, "run": "failed"})
                 continue
-            rec = {"cycle": len(cycles) + 1, "events_sent": events, **run_metrics(instance, done[0])}
+            rec = {"cycle": len(cycles) + 1, "events_sent": events, "experiment_events_before": experiment_events,
+                   **run_metrics(instance, done[0])}
             rec["policy_movement"] = policy_movement(instance, rec["version"], questions, pref)
             if rec["decision"] == "candidate":
-                exp = loop.wait_for(lambda: next((e for e in loop.db_state(instance)[1] if e[1] == "running"), None),
-                                    300)
+                exp = loop.wait_for(lambda: next((e for e in loop.db_state(instance)[1]
+                                                  if e[1] == "running" and e[3] == rec["version"]), None), 300)
                 if exp:
                     rec["experiment"] = experiment(instance, users, exp, questions, rec["cycle"])
                     e = rec["experiment"]
+                    experiment_events += e["events"]
                     better = e["p_value"] < 0.05 and e["variant"]["share"] > e["control"]["share"]
                     worse = e["p_value"] < 0.05 and e["variant"]["share"] < e["control"]["share"]
                     if e["decision"] == "promote" and worse:
@@ -199,8 +199,8 @@ def run_deployment(pref: str, model_dir: Path, n_questions: int = 16, via: str =
     finally:
         server.stop()
     return {"preference": label or pref, "questions": n_questions, "via": via, "cycles": cycles,
-            "feedback_events": events, "won": won is not None,
-            "events_to_win": won and won["events"], "cycles_to_win": won and won["cycle"],
+            "feedback_events": events, "experiment_events": experiment_events, "monitor": monitor,
+            "won": won is not None, "events_to_win": won and won["events"], "cycles_to_win": won and won["cycle"],
             "worse_promoted": worse_promoted, "wall_s": round(time.perf_counter() - t_start, 1)}
 
 
@@ -212,7 +212,8 @@ def _cell(c: dict[str, Any]) -> str:
     return (f"{c.get('events')} ev: RM {'–' if acc is None else f'{acc:.2f}'} / AUC {'–' if auc is None else f'{auc:.2f}'}; "
             f"policy {pm.get('parent', {}).get('satisfied', '–')} -> {pm.get('candidate', {}).get('satisfied', '–')}; "
             f"gate {gate.get('verdict')} ({gate.get('heldout')} held-out pairs, combined p {'–' if p is None else f'{p:.2g}'})"
-            + (f"; A/B {e['control']['share']} -> {e['variant']['share']} (p {e['p_value']:.2g}, {e['decision']})"
+            + (f"; A/B {e['control']['share']} -> {e['variant']['share']} (n {e['control']['n']} / {e['variant']['n']}, "
+               f"p {e['p_value']:.2g}, monitor: {e['decision']})"
                if e else ""))
 
 
@@ -226,7 +227,11 @@ def markdown(results: list[dict[str, Any]]) -> str:
                      f"{r['wall_s']:.0f} |")
     wins = sum(r["won"] for r in results)
     lines += ["", f"{wins} of {len(results)} preferences reached a promoted, significant win within "
-                  f"{MAX_EVENTS} feedback events; {sum(r['worse_promoted'] for r in results)} promoted a worse variant."]
+                  f"{MAX_EVENTS} feedback events of the rating users (the experiments' ratings are counted in each "
+                  f"run's events); {sum(r['worse_promoted'] for r in results)} promoted a worse variant."]
+    monitors = {json.dumps(r.get("monitor"), sort_keys=True) for r in results if r.get("monitor")}
+    if monitors:
+        lines.append(f"The monitor decided by: {'; '.join(sorted(monitors))}.")
     return "\n".join(lines)
 
 
