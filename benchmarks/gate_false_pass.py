@@ -72,7 +72,7 @@ from rlhf.cycle import evaluation_prompts, fit_to_data, heldout_evidence, prepar
 from rlhf.data.records import ConversationRecord, MessageRecord  # noqa: E402
 from rlhf.data.stage_sizing import NotEnoughData, policy_prompts  # noqa: E402
 from rlhf.gate.evaluation import _scores  # noqa: E402
-from rlhf.gate.instruments import (TIE_NATS, heldout_summary, judge_trust, pair_sequences, paired_gain,  # noqa: E402
+from rlhf.gate.instruments import (JUDGE_TIE, TIE_NATS, heldout_summary, judge_trust, pair_sequences, paired_gain,  # noqa: E402
                                    sequence_logprobs)
 from rlhf.gate.verdict import evidence_reasons, simes  # noqa: E402
 from rlhf.models import sampling  # noqa: E402
@@ -195,11 +195,11 @@ class Truth:
 
 
 def pooled_candidates(shape: Shape, work: Path, parent: Path, pool: dict[str, list[str]], ppo_flats: int,
-                      real: bool) -> list[dict[str, Any]]:
-    """The PPO candidates of the shape's family, trained once and kept in ``work`` (resumable)."""
+                      real: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The PPO candidates of the shape's family, trained once and kept in ``work`` (resumable): ``ppo_flats``
+    of each flat kind, and a real win for each taste of ``real``."""
     wanted = [(f"ppo_{k}", k, i) for i in range(ppo_flats) for k in ("shuffled", "nobody")]
-    if real:
-        wanted += [("real", taste, i) for i, taste in enumerate(REAL_TASTES)]
+    wanted += [("real", taste, REAL_TASTES.index(taste)) for taste in real]
     out = []
     for kind, what, i in wanted:
         name = f"{kind}-{what}-{i}" if kind == "real" else f"{kind}-{i}"
@@ -286,11 +286,11 @@ def run_shape(name: str, seeds: range, work: Path, opts: argparse.Namespace, emi
         model, tok = load_causal_lm(parent, "cpu")
         model.save_pretrained(copy)
         tok.save_pretrained(copy)
-    pooled = pooled_candidates(shape, work, parent, pool, opts.ppo_flats if "ppo" in opts.kinds else 0,
-                               "real" in opts.kinds)
+    real = tuple(opts.real_tastes) if "real" in opts.kinds else ()
+    pooled = pooled_candidates(shape, work, parent, pool, opts.ppo_flats if "ppo" in opts.kinds else 0, real)
     flats = [c for c in pooled if c["kind"] != "real"]
     truth = Truth(shape, parent)
-    tastes = REAL_TASTES if "real" in opts.kinds else TASTES
+    tastes = real or TASTES
     for seed in seeds:
         taste = tastes[seed % len(tastes)]
         t0 = time.perf_counter()
@@ -346,18 +346,31 @@ def run_shape(name: str, seeds: range, work: Path, opts: argparse.Namespace, emi
 
 # ---------------------------------------------------------------------------- the tables
 
-def rule_passes(row: dict[str, Any], stat: str, min_margin: float, flat_p: float, alpha: float = 0.05) -> bool:
+def _signed_rank_p(values: list[float]) -> float:
+    """One-sided (greater) Wilcoxon signed-rank p-value, zeros within JUDGE_TIE left out, as the gate."""
+    from scipy.stats import wilcoxon
+
+    values = [v for v in values if abs(v) > JUDGE_TIE]
+    return float(wilcoxon(values, alternative="greater").pvalue) if values else 1.0
+
+
+def rule_passes(row: dict[str, Any], stat: str, min_margin: float, flat_p: float, judge_min: float = 0.0,
+                both: bool = False, alpha: float = 0.05) -> bool:
     """Whether ``row``'s evidence passes a candidate rule: the pairs' effect by ``stat`` (``t``: the mean
     margin's t bound, the shipped statistic; ``signrank``: Wilcoxon on margin - min_margin; ``deadzone``:
-    the sign test with |margin| <= min_margin a tie; ``sign``: the old sign test), a trusted judge
-    with p >= ``flat_p`` vetoes, Simes at ``alpha``, no decline."""
+    the sign test with |margin| <= min_margin a tie; ``sign``: the old sign test); a trusted judge's gain
+    above ``judge_min`` (signed-rank test of its per-prompt gains, as the gate); a trusted judge whose
+    p-value for any gain is ``flat_p`` or more vetoes; Simes at ``alpha`` (``both``: with a trusted judge,
+    each instrument below ``alpha`` on its own); no decline on either."""
     from scipy.stats import binomtest, wilcoxon
 
     if "margins" not in row:
         return False
     m, h, j = row["margins"], row["heldout"], row["judge"]
     trusted = bool(j.get("trusted"))
-    if h["p_worse"] < alpha or (trusted and j["p_worse"] < alpha) or (trusted and j["p_value"] >= flat_p):
+    if h["p_worse"] < alpha or (trusted and j["p_worse"] < alpha):
+        return False
+    if trusted and _signed_rank_p(row["judge_diffs"]) >= flat_p:
         return False
     if stat == "t":
         p = heldout_summary(m, min_margin, alpha)["effect_p"]
@@ -369,7 +382,10 @@ def rule_passes(row: dict[str, Any], stat: str, min_margin: float, flat_p: float
         p = binomtest(wins, wins + losses, 0.5, alternative="greater").pvalue if wins + losses else 1.0
     else:
         p = h["p_value"]
-    return simes([p] + ([j["p_value"]] if trusted else [])) < alpha
+    judge_p = _signed_rank_p([d - judge_min for d in row["judge_diffs"]]) if trusted else None
+    if both and trusted:
+        return p < alpha and judge_p < alpha
+    return simes([p] + ([judge_p] if trusted else [])) < alpha
 
 
 def _rate(k: int, n: int) -> str:
@@ -411,23 +427,31 @@ def analyse(rows: list[dict[str, Any]], grid: bool = True) -> tuple[str, dict[st
         lines += ["", f"Load average (1 min) at the runs: {min(x[0] for x in loads):.2f}-{max(x[0] for x in loads):.2f} "
                       f"(median {sorted(x[0] for x in loads)[len(loads) // 2]:.2f}) on 2 cores."]
     if grid:
-        lines += ["", "Candidate rules on the same runs: share of the moved flat candidates passed / share of the real "
-                      "wins (ground truth better) passed, per shape.", "",
-                  "| statistic | min margin (nats) | trusted judge vetoes at p >= | " + " | ".join(shapes) + " |",
-                  "|---|---|---|" + "---|" * len(shapes)]
-        for stat, deltas in (("sign", (0.0,)), ("t", (0.0, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5)),
-                             ("signrank", (0.1, 0.25, 0.5, 1.0)), ("deadzone", (0.1, 0.25, 0.5, 1.0))):
-            for delta in deltas:
-                for flat_p in (1.0, 0.5, 0.05):
-                    cells = []
-                    for shape in shapes:
-                        ev = [r for r in judged if r["shape"] == shape and "margins" in r]
-                        flats = [r for r in ev if r["kind"] in MOVED_KINDS]
-                        wins = [r for r in ev if r["kind"] == "real" and r["truth"]["better"]]
-                        f = sum(rule_passes(r, stat, delta, flat_p) for r in flats)
-                        w = sum(rule_passes(r, stat, delta, flat_p) for r in wins)
-                        cells.append(f"{f}/{len(flats)} ({f / max(1, len(flats)):.1%}) / {w}/{len(wins)}")
-                    lines.append(f"| {stat} | {delta:g} | {'never' if flat_p >= 1 else flat_p} | " + " | ".join(cells) + " |")
+        lines += ["", "Candidate rules on the same runs: moved flat candidates passed (all of them; in brackets those "
+                      "ground truth does not call better, where it was measured) / real wins (ground truth better) "
+                      "passed, per shape.", "",
+                  "| pairs' statistic | min margin (nats) | judge's min gain | trusted judge vetoes at p >= | "
+                  "with a trusted judge | " + " | ".join(shapes) + " |", "|---|---|---|---|---|" + "---|" * len(shapes)]
+        rules = [("sign", 0.0, 0.0, 1.0, False)]
+        rules += [("t", d, jm, fp, False) for d in (0.0, 0.25, 0.5, 0.75, 1.0) for jm in (0.0, 0.2)
+                  for fp in (1.0, 0.5, 0.05)]
+        rules += [(st, d, jm, 0.05, True) for st in ("sign", "t") for d in ((0.0,) if st == "sign" else
+                                                                          (0.0, 0.25, 0.5, 0.75, 1.0))
+                  for jm in (0.0, 0.2)]
+        rules += [(st, d, 0.0, 0.05, False) for st in ("signrank", "deadzone") for d in (0.25, 0.5, 1.0)]
+        for stat, delta, judge_min, flat_p, both in rules:
+            cells = []
+            for shape in shapes:
+                ev = [r for r in judged if r["shape"] == shape and "margins" in r]
+                flats = [r for r in ev if r["kind"] in MOVED_KINDS]
+                flat_gt = [r for r in flats if not (r.get("truth") or {}).get("better")]
+                wins = [r for r in ev if r["kind"] == "real" and r["truth"]["better"]]
+                f = sum(rule_passes(r, stat, delta, flat_p, judge_min, both) for r in flats)
+                g = sum(rule_passes(r, stat, delta, flat_p, judge_min, both) for r in flat_gt)
+                w = sum(rule_passes(r, stat, delta, flat_p, judge_min, both) for r in wins)
+                cells.append(f"{f}/{len(flats)} ({g}/{len(flat_gt)}) / {w}/{len(wins)}")
+            lines.append(f"| {stat} | {delta:g} | {judge_min:g} | {'never' if flat_p >= 1 else flat_p} | "
+                         f"{'both must show it' if both else 'either may carry (Simes)'} | " + " | ".join(cells) + " |")
     return "\n".join(lines), summary
 
 
@@ -442,6 +466,8 @@ def main() -> None:
                     choices=["copy", "lr0", "dpo_shuffled", "dpo_nobody", "ppo", "real"],
                     help="candidates each dataset meets (ppo: the pooled PPO flats; real: the real wins, and then "
                          "only the tastes they were trained on are drawn)")
+    ap.add_argument("--real-tastes", nargs="+", choices=REAL_TASTES, default=list(REAL_TASTES),
+                    help="with --kinds real: the tastes whose real wins are trained and met")
     ap.add_argument("--flats-per-kind", type=int, default=2, help="DPO flat candidates of each kind per dataset")
     ap.add_argument("--ppo-per-dataset", type=int, default=2, help="pooled PPO flats each dataset meets, in turn")
     ap.add_argument("--truth-every", type=int, default=4,

@@ -173,6 +173,10 @@ class GateThresholds:
                                "\"flat\", and then the held-out pairs alone cannot pass the candidate (alpha: a "
                                "trusted judge must find the gain itself; 1: the judge never vetoes)",
                                above=0.0, high=1.0)
+    combine: str = knob("simes", "how the two instruments make one verdict when the judge is trusted: `simes`: "
+                        "either may carry it (their p-values combined by Simes' test below alpha); `both`: each must "
+                        "show the improvement below alpha on its own (an intersection-union test). Without a trusted "
+                        "judge the held-out pairs decide alone either way", choices=("simes", "both"))
     evidence: str = knob("required", "`required`: the held-out evidence decides; `reported`: it is computed and shown "
                          "but only the KL and degeneration checks decide (development and tests on models too "
                          "small to learn; the run page says so)", choices=("required", "reported"))

@@ -45,10 +45,12 @@ def _pairs_p(heldout: dict[str, Any]) -> float:
     return heldout["effect_p"]
 
 
-def evidence_p(heldout: dict[str, Any], judge: dict[str, Any] | None) -> float:
+def evidence_p(heldout: dict[str, Any], judge: dict[str, Any] | None, combine: str = "simes") -> float:
     """The combined p-value of the instruments that count: the held-out pairs' effect (mean margin
-    above the minimum), and the judge's gain when the judge is trusted."""
-    return four_digits(simes([_pairs_p(heldout)] + ([judge["p_value"]] if counted(judge) else [])))
+    above the minimum), and the judge's gain when the judge is trusted; by Simes' test, or (``both``)
+    the larger of the two (the intersection-union test: each must be below alpha)."""
+    ps = [_pairs_p(heldout)] + ([judge["p_value"]] if counted(judge) else [])
+    return four_digits(max(ps) if combine == "both" else simes(ps))
 
 
 def judge_says_flat(judge: dict[str, Any] | None, t: GateThresholds) -> bool:
@@ -99,16 +101,16 @@ def evidence_reasons(heldout: dict[str, Any], judge: dict[str, Any] | None, t: G
         worse.append(f"the judge says worse: gain {judge['gain']:.3f}, p(worse) = {judge['p_worse']:.3g} < {t.alpha}")
     if worse:
         return worse
-    combined = evidence_p(heldout, judge)
+    combined = evidence_p(heldout, judge, t.combine)
     if judge_says_flat(judge, t):
         return [f"the judge finds no gain ({_judge_words(judge)}, not below {t.judge_flat_p}): the held-out pairs "
                 f"alone cannot pass a candidate a trusted judge calls flat ({_heldout_words(heldout)}; "
                 f"{_effect_words(heldout, t)})"]
     if combined < t.alpha:
         return []
+    how = "both must show it: the larger p" if t.combine == "both" and counted(judge) else "combined (Simes) p"
     return [f"no held-out evidence of an improvement of the size the gate needs: {_heldout_words(heldout)}; "
-            f"{_effect_words(heldout, t)}; {_judge_words(judge)}; combined (Simes) p = {combined:.3g}, not below "
-            f"{t.alpha}"]
+            f"{_effect_words(heldout, t)}; {_judge_words(judge)}; {how} = {combined:.3g}, not below {t.alpha}"]
 
 
 def judged_by(heldout: dict[str, Any], judge: dict[str, Any] | None, t: GateThresholds) -> list[str]:
@@ -127,7 +129,8 @@ def judged_by(heldout: dict[str, Any], judge: dict[str, Any] | None, t: GateThre
                    f"when it finds no gain, p >= {t.judge_flat_p:g}, the pairs alone cannot pass)"
                    if judge.get("trusted") else
                    f"judge reward model{trained}: reported, not counted (its accuracy is not shown to beat chance)")
-    combined = "both combined by Simes' test" if counted(judge) else "alone"
+    combined = ("each must show the improvement" if t.combine == "both" else "both combined by Simes' test") \
+        if counted(judge) else "alone"
     return out + [f"{combined} at alpha {t.alpha}; KL from the parent and degeneration checks"]
 
 
@@ -169,6 +172,8 @@ def decided_by(heldout: dict[str, Any], judge: dict[str, Any] | None, t: GateThr
             lead = "Worse"
         elif judge_says_flat(judge, t):
             lead = "Not shown better: the trusted judge found no gain, and the pairs alone cannot outvote it"
+        elif t.combine == "both" and counted(judge) and judge["p_value"] >= t.alpha:
+            lead = "Not shown better: the trusted judge did not find the gain, and both instruments must"
         else:
             lead = "Not shown better"
         return {"by": [], "better": False, "words": f"{lead}: {pairs}; {judge_}."}
