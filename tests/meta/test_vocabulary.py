@@ -13,7 +13,8 @@ from rlhf.data import criteria
 from rlhf.trust import vocabulary
 from webapp.admin import raters as admin_raters
 from webapp.chat import pages
-from webapp.core import models, raters, validation
+from webapp.core import models, raters
+from webapp.core.ratings import reasons
 from webapp.training import openwebui_export
 
 
@@ -29,7 +30,7 @@ def test_trust_vocabulary_is_defined_once():
 
 
 def test_reason_chips_are_defined_once():
-    assert validation.REASONS is criteria.REASONS
+    assert reasons.REASONS is criteria.REASONS
     assert pages.REASONS_UP is criteria.REASONS_UP and pages.REASONS_DOWN is criteria.REASONS_DOWN
     named = set(criteria.COST_REASONS) | {chip for sides in criteria.CHIP_CRITERIA.values() for side in sides
                                           for chip in side}

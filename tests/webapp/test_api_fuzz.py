@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from rlhf.data.criteria import FLAG_VALUES
 from tests.support.app import ApiClient, register_model, route_sweep_app
-from webapp.core.validation import REASONS
+from webapp.core.ratings.reasons import REASONS
 
 EXAMPLES_PER_ROUTE = int(os.environ.get("FUZZ_EXAMPLES", "25"))
 STATE_CHANGING = {"POST", "PUT", "PATCH", "DELETE"}

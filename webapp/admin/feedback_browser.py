@@ -3,14 +3,17 @@ from __future__ import annotations
 
 from werkzeug.exceptions import BadRequest
 
-from rlhf.data.criteria import FLAG_CATEGORIES, FLAG_VALUES
+from rlhf.data.criteria import FLAG_VALUES
 
 from webapp.core.extensions import db
 from webapp.core.models import Conversation, Feedback, Flag, Message, ModelVersion, iso
+from webapp.core.ratings.flag import FLAG_LABELS
+from webapp.core.ratings.registry import row_values, shown
+from webapp.core.ratings.stars import STARS
+from webapp.core.ratings.thumb import THUMBS
 from webapp.core.validation import clip
 
 FEEDBACK_FILTERS = {"thumb", "rating", "version", "arm", "has_correction", "flag", "q", "page"}
-FLAG_LABELS = dict(FLAG_CATEGORIES)
 # the flag filter: "any" (flagged in any category) or one category
 FLAG_FILTERS = ("any", *FLAG_VALUES)
 
@@ -30,12 +33,12 @@ def feedback_page(args) -> dict:
          .outerjoin(Flag, db.and_(Flag.message_id == Message.id, Flag.user_id == Conversation.user_id))
          .where(Conversation.deleted_at.is_(None), db.or_(Feedback.id.is_not(None), Flag.id.is_not(None))))
     if args.get("thumb"):
-        if args["thumb"] not in ("up", "down"):
-            raise BadRequest("thumb must be up or down.")
+        if args["thumb"] not in THUMBS:
+            raise BadRequest(f"thumb must be {' or '.join(THUMBS)}.")
         q = q.where(Feedback.thumb == args["thumb"])
     if args.get("rating"):
-        if args["rating"] not in {"1", "2", "3", "4", "5"}:
-            raise BadRequest("rating must be 1-5.")
+        if args["rating"] not in {str(n) for n in STARS}:
+            raise BadRequest(f"rating must be {STARS[0]}-{STARS[-1]}.")
         q = q.where(Feedback.rating == int(args["rating"]))
     if args.get("arm"):
         if args["arm"] not in ("control", "variant"):
@@ -66,9 +69,7 @@ def feedback_page(args) -> dict:
         question = db.session.get(Message, msg.parent_id) if msg.parent_id else None
         items.append({"id": fb.id if fb else None, "message_id": msg.id,
                       "question": question.content if question else None, "answer": msg.content,
-                      "thumb": fb.thumb if fb else None, "rating": fb.rating if fb else None,
-                      "correction": fb.correction if fb else None, "comment": fb.comment if fb else None,
-                      "reasons": (fb.reasons or []) if fb else [],
+                      **shown(row_values(fb) if fb else None),
                       "flag": {"category": flag.category, "label": FLAG_LABELS.get(flag.category, flag.category),
                                "note": flag.note, "updated_at": iso(flag.updated_at)} if flag else None,
                       "arm": msg.arm, "model_version": versions.get(msg.model_version_id), "updated_at": iso(at)})

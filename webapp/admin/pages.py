@@ -24,6 +24,8 @@ from webapp.core.display import display_path, display_text
 from webapp.core.settings import effective
 from webapp.core.extensions import db
 from webapp.core.models import AuditEvent, Experiment, Message, ModelVersion, TrainingRun, User, active_version, utcnow
+from webapp.core.ratings.stars import STARS
+from webapp.core.ratings.thumb import THUMBS
 from webapp.experiments.assignment import running_experiment
 from webapp.experiments.lifecycle import get_experiment
 from webapp.experiments.metrics import default_experiment, experiment_metrics
@@ -259,7 +261,7 @@ def feedback():
     versions = db.session.scalars(db.select(ModelVersion.name).order_by(ModelVersion.id)).all()
     filters = {k: v for k, v in args.items() if k != "page"}
     return render_template("admin/feedback.html", page=page, filters=filters, versions=versions,
-                           flag_categories=FLAG_CATEGORIES)
+                           flag_categories=FLAG_CATEGORIES, thumbs=THUMBS, stars=[str(n) for n in STARS])
 
 
 @bp.get("/raters")

@@ -22,14 +22,13 @@ from webapp.api.frontend_tasks import is_frontend_task
 from webapp.api.keys import find_key, record_use
 from webapp.api.params import completion_request, header_text, json_object, text_value
 from webapp.api.users import KeyInfo, api_user, external_user
-from webapp.chat.conversations import feedback_dict, flag_dict
-from webapp.chat.feedback import save_feedback
-from webapp.chat.flags import remove_flag, save_flag
 from webapp.core.extensions import csrf, db
 from webapp.core.identity import mark_stateless
-from webapp.core.models import Conversation, Feedback, Flag, Message, ModelVersion
+from webapp.core.models import Conversation, Message, ModelVersion
+from webapp.core.ratings.flag import FLAG, flag_fields
+from webapp.core.ratings.registry import FEEDBACK_FIELDS, feedback_changes
+from webapp.core.ratings.store import remove_flag, save_feedback, save_flag, stored_feedback, stored_flag
 from webapp.core.security import check_limit
-from webapp.core.validation import feedback_changes, flag_fields
 from webapp.safety.rail import rail_for
 from webapp.serving.routing import generation_settings, route_for, serve
 
@@ -43,7 +42,6 @@ MESSAGE_HEADER = "X-OpenWebUI-Message-Id"
 USER_MESSAGE_HEADER = "X-OpenWebUI-User-Message-Id"
 TASK_HEADER = "X-OpenWebUI-Task"
 MAX_HEADER_CHARS = 200
-FEEDBACK_FIELDS = ("thumb", "rating", "correction", "comment", "reasons")
 
 
 def init_app(app: Flask) -> None:
@@ -170,11 +168,11 @@ def post_feedback():
     same validation and one upserted row per rater and answer), and optionally a flag (an object
     sets it, null removes it). The rater is the completion's end user: naming anyone else is a 404."""
     body = json_object()
-    unknown = sorted(set(body) - {"completion_id", "flag", "user", *FEEDBACK_FIELDS})
+    unknown = sorted(set(body) - {"completion_id", FLAG, "user", *FEEDBACK_FIELDS})
     if unknown:
         shown = ", ".join(repr(k[:40]) for k in unknown[:5])
         raise ApiError(400, f"Unknown field(s): {shown}. Allowed: completion_id, {', '.join(FEEDBACK_FIELDS)}, "
-                            "flag, user.", unknown[0][:40])
+                            f"{FLAG}, user.", unknown[0][:40])
     completion_id = body.get("completion_id")
     if not isinstance(completion_id, str) or not completion_id:
         raise ApiError(400, "'completion_id' is required: the id of a chat completion (\"chatcmpl-...\").",
@@ -183,23 +181,18 @@ def post_feedback():
     key: KeyInfo = g.api_key
     named = external_user(key, body, ("user",))
     given = {f: body[f] for f in FEEDBACK_FIELDS if f in body}
-    if not given and "flag" not in body:
-        raise ApiError(400, f"Send at least one of: {', '.join(FEEDBACK_FIELDS)}, flag.")
+    if not given and FLAG not in body:
+        raise ApiError(400, f"Send at least one of: {', '.join(FEEDBACK_FIELDS)}, {FLAG}.")
     changes = feedback_changes(given) if given else None
-    flag = body.get("flag")
+    flag = body.get(FLAG)
     if flag is not None and not isinstance(flag, dict):
-        raise ApiError(400, "'flag' must be null (remove the flag) or an object {category, note}.", "flag")
+        raise ApiError(400, "'flag' must be null (remove the flag) or an object {category, note}.", FLAG)
     category, note = flag_fields(flag) if flag is not None else (None, None)
     message_id, owner = _own_completion(key, completion_id, named)
-    if changes is not None:
-        feedback = save_feedback(owner, message_id, changes)
-    else:
-        feedback = feedback_dict(db.session.scalars(db.select(Feedback).filter_by(user_id=owner,
-                                                                                   message_id=message_id)).first())
-    if "flag" in body:
+    feedback = save_feedback(owner, message_id, changes) if changes is not None else stored_feedback(owner, message_id)
+    if FLAG in body:
         if flag is None:
             remove_flag(owner, message_id)
         else:
             save_flag(owner, message_id, category, note)
-    stored_flag = flag_dict(db.session.scalars(db.select(Flag).filter_by(user_id=owner, message_id=message_id)).first())
-    return jsonify(completion_id=completion_id, feedback=feedback, flag=stored_flag)
+    return jsonify(completion_id=completion_id, feedback=feedback, flag=stored_flag(owner, message_id))

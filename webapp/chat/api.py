@@ -24,14 +24,14 @@ from rlhf.safety import Block, GuardedStream, guard_result
 from webapp.chat.conversations import (add_question, answerer_dict, comparison_dict, conversation_summary,
                                        message_dict, own_answer_of_visitor, own_conversation, own_message,
                                        resolve_parent, sees_arms, store_answer)
-from webapp.chat.feedback import save_feedback
-from webapp.chat.flags import remove_flag, save_flag
 from webapp.core.extensions import db
 from webapp.core.identity import current_visitor
 from webapp.core.models import Comparison, Conversation, Feedback, Flag, Message, User, history, utcnow
+from webapp.core.ratings.flag import FLAG_FIELDS, flag_fields
+from webapp.core.ratings.registry import FEEDBACK_FIELDS, feedback_changes
+from webapp.core.ratings.store import remove_flag, save_feedback, save_flag
 from webapp.core.security import chat_limit, feedback_limit
-from webapp.core.validation import (MAX_TITLE_CHARS, bool_field, feedback_changes, flag_fields, json_body,
-                                    message_content, optional_id, text_field)
+from webapp.core.validation import MAX_TITLE_CHARS, bool_field, json_body, message_content, optional_id, text_field
 from webapp.experiments.assignment import assign, running_experiment
 from webapp.safety.rail import rail_for
 from webapp.serving.routing import Route, generation_settings, route_for, serve
@@ -254,7 +254,7 @@ def edit_message(message_id: int):
 @bp.post("/messages/<int:message_id>/feedback")
 @feedback_limit
 def post_feedback(message_id: int):
-    data = json_body({"thumb", "rating", "correction", "comment", "reasons"})
+    data = json_body(set(FEEDBACK_FIELDS))
     user_id = own_answer_of_visitor(message_id)
     if user_id is None:  # not the common case: an admin, a new visitor, or an error (404/400) to report
         user = current_visitor()
@@ -284,7 +284,7 @@ def _own_answer(message_id: int) -> int:
 def post_flag(message_id: int):
     """Flag an answer as harmful (``category`` of rlhf.data.criteria.FLAG_CATEGORIES, optional ``note``);
     flagging it again replaces the category and note."""
-    data = json_body({"category", "note"})
+    data = json_body(set(FLAG_FIELDS))
     user_id = _own_answer(message_id)
     category, note = flag_fields(data)
     return jsonify(flag=save_flag(user_id, message_id, category, note), message_id=message_id)

@@ -14,28 +14,17 @@ from flask import session
 from flask_login import current_user
 from werkzeug.exceptions import BadRequest, NotFound
 
-from rlhf.data.criteria import FLAG_CATEGORIES
 from rlhf.generation import GenerationResult
 from rlhf.safety import Block
 
 from webapp.core.extensions import db
-from webapp.core.feedback import feedback_dict
 from webapp.core.identity import is_admin
 from webapp.core.models import Comparison, Conversation, Feedback, Flag, Message, User, iso, utcnow
+from webapp.core.ratings.flag import flag_dict
+from webapp.core.ratings.registry import feedback_dict
 from webapp.core.validation import optional_id
 from webapp.safety.rail import record_interventions
 from webapp.serving.routing import Route
-
-
-FLAG_LABELS: dict[str, str] = dict(FLAG_CATEGORIES)
-
-
-def flag_dict(flag: Flag | None) -> dict[str, Any] | None:
-    """The caller's flag on an answer as the chat API shows it (None: not flagged)."""
-    if flag is None:
-        return None
-    return {"category": flag.category, "label": FLAG_LABELS.get(flag.category, flag.category), "note": flag.note,
-            "created_at": iso(flag.created_at), "updated_at": iso(flag.updated_at)}
 
 
 def sees_arms() -> bool:

@@ -21,6 +21,8 @@ from rlhf.trust.vocabulary import TRUST_LEVELS
 
 from webapp.core.extensions import db
 from webapp.core.instance_paths import resolve
+from webapp.core.ratings.stars import STARS
+from webapp.core.ratings.thumb import THUMBS
 
 
 def utcnow() -> datetime:
@@ -32,7 +34,6 @@ def iso(dt: Optional[datetime]) -> Optional[str]:
 
 
 ROLES = ("user", "assistant", "system")
-THUMBS = ("up", "down")
 WINNERS = ("a", "b", "tie", "both_bad")
 VERSION_STATUSES = ("candidate", "active", "retired", "failed")
 EXPERIMENT_STATUSES = ("draft", "running", "stopped", "concluded")
@@ -120,8 +121,9 @@ class Feedback(db.Model):
 
     __tablename__ = "feedback"
     __table_args__ = (UniqueConstraint("user_id", "message_id", name="uq_feedback_user_message"),
-                      CheckConstraint("thumb IS NULL OR thumb IN ('up', 'down')", name="ck_feedback_thumb"),
-                      CheckConstraint("rating IS NULL OR (rating BETWEEN 1 AND 5)", name="ck_feedback_rating"))
+                      CheckConstraint(f"thumb IS NULL OR thumb IN {THUMBS}", name="ck_feedback_thumb"),
+                      CheckConstraint(f"rating IS NULL OR (rating BETWEEN {STARS[0]} AND {STARS[-1]})",
+                                      name="ck_feedback_rating"))
     id: Mapped[int] = mapped_column(primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     message_id: Mapped[int] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"), index=True)

@@ -1,4 +1,5 @@
-"""Request validation with clear messages. Every failure is a 400 with ``{"error": ...}``."""
+"""Request validation with clear messages. Every failure is a 400 with ``{"error": ...}``. The
+ratings' fields are checked by their kinds (webapp.core.ratings)."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,9 +8,6 @@ from flask import current_app, request
 from werkzeug.exceptions import BadRequest
 from werkzeug.routing import IntegerConverter
 
-from rlhf.data.criteria import FLAG_CATEGORIES, FLAG_NOTE_MAX_CHARS, FLAG_VALUES, REASONS
-
-MAX_COMMENT_CHARS = 2000
 MAX_TITLE_CHARS = 200
 MAX_ID = 2**63 - 1  # the largest id a 64-bit database integer (SQLite INTEGER, BIGINT) can hold
 
@@ -93,50 +91,3 @@ def optional_id(data: dict, key: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ID:
         raise BadRequest(f"'{key}' must be a positive integer id.")
     return value
-
-
-def feedback_changes(data: dict) -> dict[str, Any]:
-    """Validated feedback fields that the request sets (absent fields stay as they were)."""
-    if not data:
-        raise BadRequest("Send at least one of: thumb, rating, correction, comment, reasons.")
-    changes: dict[str, Any] = {}
-    if "thumb" in data:
-        if data["thumb"] not in ("up", "down", None):
-            raise BadRequest("'thumb' must be \"up\", \"down\" or null.")
-        changes["thumb"] = data["thumb"]
-    if "rating" in data:
-        rating = data["rating"]
-        if rating is not None and (isinstance(rating, bool) or not isinstance(rating, int) or not 1 <= rating <= 5):
-            raise BadRequest("'rating' must be an integer from 1 to 5, or null.")
-        changes["rating"] = rating
-    if "correction" in data:
-        changes["correction"] = text_field(data, "correction", int(current_app.config["RLHF_MAX_MESSAGE_CHARS"]),
-                                           required=False, nullable=True)
-    if "comment" in data:
-        changes["comment"] = text_field(data, "comment", MAX_COMMENT_CHARS, required=False, nullable=True)
-    if "reasons" in data:
-        reasons = data["reasons"]
-        if reasons is None:
-            reasons = []
-        if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
-            raise BadRequest("'reasons' must be a list of strings.")
-        unknown = [r for r in reasons if r not in REASONS]
-        if unknown:
-            raise BadRequest(f"Unknown reason(s): {', '.join(repr(clip(r)) for r in unknown[:5])}. "
-                             f"Choose from: {', '.join(REASONS)}.")
-        changes["reasons"] = list(dict.fromkeys(reasons))  # de-duplicated, order kept
-    return changes
-
-
-def flag_fields(data: dict) -> tuple[str, str | None]:
-    """A flag's validated ``(category, note)``: ``category`` one of ``rlhf.data.criteria.FLAG_VALUES``
-    (required), ``note`` optional text of at most ``FLAG_NOTE_MAX_CHARS`` (empty or null: none)."""
-    category = data.get("category")
-    if category is None:
-        raise BadRequest(f"'category' is required: one of {', '.join(FLAG_VALUES)}.")
-    if not isinstance(category, str) or category not in FLAG_VALUES:
-        shown = repr(clip(category)) if isinstance(category, str) else "not a string"
-        raise BadRequest(f"Unknown flag category ({shown}). Choose from: "
-                         f"{', '.join(f'{value} ({label})' for value, label in FLAG_CATEGORIES)}.")
-    note = text_field(data, "note", FLAG_NOTE_MAX_CHARS, required=False, nullable=True)
-    return category, note

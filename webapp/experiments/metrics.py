@@ -28,6 +28,7 @@ from webapp.core.instance_paths import resolve
 from webapp.core.models import (AnswerScore, Assignment, Comparison, Conversation, Experiment, Feedback, Flag,
                                 Message, history, iso, utcnow)
 from webapp.core.raters import excluded_raters
+from webapp.core.ratings.thumb import THUMBS
 from webapp.experiments import sample_stats
 from webapp.experiments.promotion import PromotionPolicy, policy_from_config
 from webapp.experiments.table import ARMS, metrics_table, user_table
@@ -167,7 +168,7 @@ def _user_rows(exp: Experiment, answers: list[Message], user_of: dict[int, int],
         r["answers"] += 1
         f = feedback.get(a.id)
         if f is not None:
-            if f.thumb in ("up", "down"):
+            if f.thumb in THUMBS:
                 r["thumbs"] += 1
                 r["ups"] += f.thumb == "up"
             if f.rating is not None:

@@ -17,7 +17,7 @@ someone else is reported ("not the rater's answer"), never rated in their name. 
 one candidate is reported. A record dated more than a few minutes into the future is malformed: it
 would outrank every later rating of the owner's, on every import.
 
-A matched rating is stored through the chat page's upsert (webapp.chat.feedback.save_feedback) as
+A matched rating is stored through the chat page's upsert (webapp.core.ratings.store.save_feedback) as
 the user who owns the answer's conversation -- the rater. A record whose rated answer and a sibling (another
 answer to the same question in the snapshot, ``data.sibling_model_ids``) are both matched also
 becomes a side-by-side vote (a Comparison).
@@ -32,11 +32,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from webapp.core.feedback import save_feedback
 from webapp.core.audit import audit
 from webapp.core.extensions import db
 from webapp.core.identity import api_anon_id
 from webapp.core.models import ApiKey, Comparison, Conversation, Feedback, Message, User, utcnow
+from webapp.core.ratings.registry import unchanged
+from webapp.core.ratings.store import save_feedback
 from webapp.core.validation import clip
 from webapp.training.openwebui_export import Rating, Snap, Unmatched, parse_rating, record_time
 
@@ -143,15 +144,10 @@ class _Matcher:
 
 # ---------------------------------------------------------------------------- storing
 
-def _unchanged(row: Feedback, changes: dict[str, Any]) -> bool:
-    return all((getattr(row, k) or []) == (v or []) if k == "reasons" else getattr(row, k) == v
-               for k, v in changes.items())
-
-
 def _store_rating(owner: int, message_id: int, r: Rating) -> str:
     """created / updated / unchanged / kept (the stored row is newer than the rating)."""
     row = db.session.scalars(db.select(Feedback).filter_by(user_id=owner, message_id=message_id)).first()
-    state = None if row is None else ("unchanged" if _unchanged(row, r.changes)
+    state = None if row is None else ("unchanged" if unchanged(row, r.changes)
                                       else "kept" if row.updated_at and row.updated_at >= r.at else None)
     db.session.commit()  # end the read transaction: the upsert may write on another connection (SQLite)
     if state:

@@ -23,7 +23,9 @@ from typing import Any
 
 from werkzeug.exceptions import BadRequest
 
-from webapp.core.validation import MAX_COMMENT_CHARS, clip, feedback_changes
+from webapp.core.ratings.comment import MAX_COMMENT_CHARS
+from webapp.core.ratings.registry import feedback_changes
+from webapp.core.validation import clip
 
 EXPORT_PATH = "/api/v1/evaluations/feedbacks/all/export"
 # How far ahead of this server's clock a record's time may be (two servers' clocks differ a little).

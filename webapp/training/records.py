@@ -16,15 +16,15 @@ from webapp.core.extensions import db
 from webapp.core.models import (Comparison, Conversation, Feedback, Flag, Message, ModelVersion, RaterAssessment,
                                 RaterTrust, User, utcnow)
 from webapp.core.raters import trust_settings
+from webapp.core.ratings.registry import event_kinds, record_fields
 
 
 def _live_conversations():
     return db.select(Conversation.id).where(Conversation.deleted_at.is_(None))
 
 
-# what makes a feedback row an event: any of these (see feedback_events); a flag on the answer too
-_EVENT_PARTS = {"thumbs": Feedback.thumb.is_not(None), "ratings": Feedback.rating.is_not(None),
-                "corrections": Feedback.correction.is_not(None)}
+# what makes a feedback row an event: any of the kinds that say so (see feedback_events); a flag on the answer too
+_EVENT_PARTS = {event: getattr(Feedback, name).is_not(None) for event, name in event_kinds().items()}
 
 
 def _rated_answers(fb_time=None, flag_time=None):
@@ -141,8 +141,7 @@ def feedback_records(redact: bool = True) -> list[ConversationRecord]:
     feedback: dict[int, FeedbackRecord] = {}
     for f in db.session.scalars(db.select(Feedback).where(Feedback.message_id.in_(list(msg_conv)))):
         if owner.get(msg_conv.get(f.message_id)) == f.user_id:
-            feedback[f.message_id] = FeedbackRecord(f.thumb, f.rating, f.correction, f.comment,
-                                                    tuple(f.reasons or ()), flag=flags.get(f.message_id))
+            feedback[f.message_id] = FeedbackRecord(**record_fields(f), flag=flags.get(f.message_id))
     for mid, category in flags.items():
         feedback.setdefault(mid, FeedbackRecord(flag=category))
     comparisons: dict[int, list[ComparisonRecord]] = {cid: [] for cid in owner}

@@ -171,7 +171,7 @@ def test_newer_feedback_wins_whichever_side_wrote_it(app):
     with app.app_context():
         import_ratings(records())
         alice = db.session.get(Message, ids["a1"]).conversation.user_id
-        from webapp.chat.feedback import save_feedback
+        from webapp.core.ratings.store import save_feedback
 
         save_feedback(alice, ids["a1"], {"thumb": "down"})  # now, after the record's time
         assert import_ratings(records())["feedback"] == {"created": 0, "updated": 0, "unchanged": 4, "kept": 1}
@@ -297,7 +297,7 @@ def test_a_time_from_the_future_never_outranks_the_owners_own_feedback(app):
     with app.app_context():
         import_ratings(records())
         alice = db.session.get(Message, ids["a1"]).conversation.user_id
-        from webapp.core.feedback import save_feedback
+        from webapp.core.ratings.store import save_feedback
 
         save_feedback(alice, ids["a1"], {"thumb": "down"})  # Alice changes her mind in the app
         future = records()[0]
