@@ -68,23 +68,44 @@ def fit_to_data(settings: CycleSettings, bundle: DatasetBundle) -> tuple[CycleSe
 
 def weigh_raters(bundle: DatasetBundle, settings: CycleSettings,
                  raters: Mapping[int, RaterInfo] | None = None) -> DatasetBundle:
-    """``bundle`` with rater trust applied (rlhf.trust) when ``settings.trust.enabled`` and it
-    has not been applied yet: quarantined raters' rows removed, a ``weight`` on every other row,
+    """``bundle`` (as built, not weighed yet) with rater trust applied (rlhf.trust) when
+    ``settings.trust.enabled``: quarantined raters' rows removed, a ``weight`` on every other row,
     the summary in ``counts["trust"]``. ``raters``: what the web layer knows about each rater (user
     id -> RaterInfo); None, or a rater missing from it, means "auto" with an unknown age, which is
     not treated as new (rlhf.trust.crowd.is_new)."""
-    if not settings.trust.enabled or "trust" in bundle.counts:
+    if not settings.trust.enabled:
         return bundle
     return trusted_bundle(bundle, raters, settings.trust)
 
 
+@dataclass(frozen=True)
+class PreparedData:
+    """The data stage's outcome, computed once (:func:`prepare_cycle`) and handed to the other stages
+    (:func:`run_prepared`): the datasets weighed by their raters, the settings sized to them, what
+    sizing changed, and how long the stage took."""
+
+    bundle: DatasetBundle
+    settings: CycleSettings
+    notes: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+
+def prepare_cycle(conversations: list[ConversationRecord], settings: CycleSettings,
+                  raters: Mapping[int, RaterInfo] | None = None) -> PreparedData:
+    """The data stage: the records' datasets, weighed by their raters (``weigh_raters``), and
+    ``settings`` sized to them (``fit_to_data``). Raises NotEnoughData (before any training) if a
+    stage could not use them."""
+    t0 = time.perf_counter()
+    settings.validate()
+    bundle = weigh_raters(build_datasets(conversations, settings.data), settings, raters)
+    sized, notes = fit_to_data(settings, bundle)
+    return PreparedData(bundle, sized, tuple(notes), time.perf_counter() - t0)
+
+
 def prepare_data(conversations: list[ConversationRecord], settings: CycleSettings,
                  raters: Mapping[int, RaterInfo] | None = None) -> DatasetBundle:
-    """The cycle's datasets, weighed by their raters (see ``weigh_raters``); raises NotEnoughData
-    (before any training) if a stage could not use them."""
-    bundle = weigh_raters(build_datasets(conversations, settings.data), settings, raters)
-    fit_to_data(settings, bundle)
-    return bundle
+    """The datasets of :func:`prepare_cycle` alone (raises NotEnoughData like it)."""
+    return prepare_cycle(conversations, settings, raters).bundle
 
 
 def heldout_evidence(bundle: DatasetBundle) -> list[dict]:
@@ -179,15 +200,23 @@ def describe(evaluation: dict[str, Any]) -> str:
 
 def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, reward_dir: str | Path,
               policy_dir: str | Path, settings: CycleSettings = CycleSettings(),
-              progress: ProgressFn | None = None, log: LogFn | None = None,
-              bundle: DatasetBundle | None = None, logs: TrainingLogs | None = None,
+              progress: ProgressFn | None = None, log: LogFn | None = None, logs: TrainingLogs | None = None,
               raters: Mapping[int, RaterInfo] | None = None) -> CycleResult:
-    """Run every stage. Writes the reward model to ``reward_dir`` and the new policy to
-    ``policy_dir`` (both must not exist yet or be empty). Raises NotEnoughData before any
-    training when the data cannot support it. ``logs``: where every trainer's per-step logs go
-    as they are logged (training curves, TensorBoard; rlhf.training.curves). ``raters``: what is known about
-    each rater (rlhf.trust); a ``bundle`` given without trust applied gets it here."""
-    settings.validate()
+    """Run every stage on the records: :func:`prepare_cycle`, then :func:`run_prepared` (see there).
+    Raises NotEnoughData before any training when the data cannot support it. ``raters``: what is
+    known about each rater (rlhf.trust)."""
+    return run_prepared(prepare_cycle(conversations, settings, raters), parent_dir, reward_dir, policy_dir,
+                        progress, log, logs)
+
+
+def run_prepared(prepared: PreparedData, parent_dir: str | Path, reward_dir: str | Path, policy_dir: str | Path,
+                 progress: ProgressFn | None = None, log: LogFn | None = None,
+                 logs: TrainingLogs | None = None) -> CycleResult:
+    """Run every stage after the data stage, on its outcome as it is. Writes the reward model to
+    ``reward_dir`` and the new policy to ``policy_dir`` (both must not exist yet or be empty).
+    ``logs``: where every trainer's per-step logs go as they are logged (training curves,
+    TensorBoard; rlhf.training.curves)."""
+    settings, bundle = prepared.settings, prepared.bundle
     say = log or (lambda line: None)
     if is_adapter(parent_dir):
         # A LoRA version as parent: every stage gets it as a plain model (merged into a temporary
@@ -200,9 +229,9 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
             del model
             say(f"parent {Path(parent_dir).name} is a LoRA adapter version: trained on its merged weights"
                 + ("; the new LoRA policy is saved merged" if settings.policy.lora else ""))
-            return run_cycle(conversations, merged, reward_dir, policy_dir,
-                             replace(settings, policy=replace(settings.policy, lora_merge=True)),
-                             progress, log, bundle, logs, raters)
+            merging = replace(settings, policy=replace(settings.policy, lora_merge=True))
+            return run_prepared(replace(prepared, settings=merging), merged, reward_dir, policy_dir, progress, log,
+                                logs)
     report = progress or (lambda *a: None)
     timings: dict[str, float] = {}
     peaks: dict[str, float] = {}
@@ -215,14 +244,10 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
             torch.cuda.reset_peak_memory_stats()
         return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
-    t0 = time.perf_counter()
     report("data", 0, 1)
-    bundle = weigh_raters(bundle, settings, raters) if bundle is not None else \
-        prepare_data(conversations, settings, raters)
-    settings, notes = fit_to_data(settings, bundle)
-    for note in notes:
+    for note in prepared.notes:
         say(f"sized to the data: {note}")
-    timings["data"] = time.perf_counter() - t0
+    timings["data"] = prepared.seconds  # the stage ran before (prepare_cycle): its own time
     peaks["data"] = peak()
     report("data", 1, 1)
     say(f"data: {bundle.counts['pairs']['train']} train / {bundle.counts['pairs']['eval']} held-out pairs, "
@@ -309,15 +334,15 @@ def run_cycle(conversations: list[ConversationRecord], parent_dir: str | Path, r
 @dataclass(frozen=True)
 class CycleJob:
     """What the main process sends the others when it trains with several (rlhf.training.distributed): the
-    data it read and sized, the settings, and where the stages write (a filesystem every process sees).
-    Every process trains on exactly these, never on its own read of the database: feedback arriving
-    in between would give the processes different data, and DDP different-length loops."""
+    data stage's outcome (the data it read, weighed and sized, and the sized settings) and where the
+    stages write (a filesystem every process sees). Every process trains on exactly these, never on its
+    own read of the database: feedback arriving in between would give the processes different data,
+    and DDP different-length loops."""
 
     parent_dir: str
     reward_dir: str
     policy_dir: str
-    settings: CycleSettings
-    bundle: DatasetBundle
+    prepared: PreparedData
 
 
 def follow_main() -> CycleResult | None:
@@ -327,4 +352,4 @@ def follow_main() -> CycleResult | None:
     job: CycleJob | None = distributed.broadcast(None)
     if job is None:
         return None
-    return run_cycle([], job.parent_dir, job.reward_dir, job.policy_dir, job.settings, bundle=job.bundle)
+    return run_prepared(job.prepared, job.parent_dir, job.reward_dir, job.policy_dir)

@@ -19,9 +19,7 @@ from rlhf.training import distributed
 from rlhf.algorithms import ALGORITHMS
 from rlhf.models import registry
 from rlhf.training.curves import CurvesFile, TrainingLogs
-from rlhf.cycle import (CycleJob, CycleSettings, NotEnoughData, describe_trust, fit_to_data, overall_progress,
-                        run_cycle, weigh_raters)
-from rlhf.data.datasets import build_datasets
+from rlhf.cycle import CycleJob, CycleSettings, NotEnoughData, overall_progress, prepare_cycle, run_prepared
 from rlhf.data.stage_sizing import DataSize
 from rlhf.progress import ProgressFn
 from rlhf.trust import RaterInfo
@@ -153,11 +151,12 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
             raise RunRefused(f"not enough feedback yet: {events} feedback events, need at least {min_feedback}")
         records = feedback_records()
         try:
-            # every rater's weight in this cycle (rlhf.trust): caps, agreement, quarantine
-            bundle = weigh_raters(build_datasets(records, settings.data), settings, known_raters())
-            settings, sizing_notes = fit_to_data(settings, bundle)  # NotEnoughData before any run exists
+            # the data stage, once, before any run exists (NotEnoughData refuses the run): every rater's
+            # weight in this cycle (rlhf.trust: caps, agreement, quarantine), each stage sized to the data
+            prepared = prepare_cycle(records, settings, known_raters())
         except NotEnoughData as exc:
             raise RunRefused(str(exc)) from None
+        settings, bundle = prepared.settings, prepared.bundle
         limits = run_limits(settings, DataSize.of(bundle), parent.location)
 
         run = db.session.get(TrainingRun, queued_id) if queued_id is not None else None
@@ -181,10 +180,6 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
         if distributed.is_distributed():
             tracker.log(f"training on {distributed.world_size()} processes (data parallel); "
                         "this one (rank 0) records the run and runs the gate")
-        if trust:
-            tracker.log(describe_trust(trust))
-        for note in sizing_notes:
-            tracker.log(f"sized to the data: {note}")
         tracker.log(f"limits: stopped after {limits['stall_seconds']:.0f} s without progress or "
                     f"{limits['max_seconds']:.0f} s in all")
 
@@ -203,9 +198,10 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
         if logs.tensorboard_dir:
             tracker.log(f"TensorBoard event files: {Path(logs.tensorboard_dir).relative_to(instance)}")
         try:
-            handoff.send(CycleJob(str(parent_path), str(workdir / "reward"), str(workdir / "policy"), settings, bundle))
-            result = run_cycle(records, parent_path, workdir / "reward", workdir / "policy", settings,
-                               progress=tracker, log=tracker.log, bundle=bundle, logs=logs)
+            handoff.send(CycleJob(str(parent_path), str(workdir / "reward"), str(workdir / "policy"), prepared))
+            # the data stage's lines (sizing, data, rater trust) are logged as the cycle starts
+            result = run_prepared(prepared, parent_path, workdir / "reward", workdir / "policy", progress=tracker,
+                                  log=tracker.log, logs=logs)
             reward_path = folder / "reward_model"
             os.rename(workdir / "reward", reward_path)
 

@@ -219,24 +219,23 @@ def _fail_fsync(path):
 
 
 def fake_cycle(model_dir: Path):
-    """``run_cycle`` without the training: the parent's weights as the 'trained' policy and reward
+    """``run_prepared`` without the training: the parent's weights as the 'trained' policy and reward
     model, passing the gate. Everything after it -- saving and registering -- is the real code."""
     from rlhf.cycle import CycleResult
 
-    def run_cycle(records, parent_path, reward_dir, policy_dir, settings, progress=None, log=None, bundle=None,
-                  logs=None):
+    def run_prepared(prepared, parent_path, reward_dir, policy_dir, progress=None, log=None, logs=None):
         shutil.copytree(model_dir, reward_dir)
         shutil.copytree(model_dir, policy_dir)
         evaluation = {"passed": True, "reasons": [], "reward_gain": 0.1, "kl_from_parent": 0.0}
         return CycleResult(counts={}, reward={}, policy={}, evaluation=evaluation, timings={})
-    return run_cycle
+    return run_prepared
 
 
 @pytest.mark.parametrize("where", ["half_written", "fsync", "registering"])
 def test_failure_while_saving_leaves_no_version(instance, micro_model_dir, monkeypatch, where):
     import webapp.training.runner
 
-    monkeypatch.setattr(webapp.training.runner, "run_cycle", fake_cycle(micro_model_dir))
+    monkeypatch.setattr(webapp.training.runner, "run_prepared", fake_cycle(micro_model_dir))
     with monkeypatch.context() as fault:
         if where == "half_written":
             fault.setattr(webapp.training.runner, "os", _Os())

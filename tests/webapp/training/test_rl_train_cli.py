@@ -259,3 +259,41 @@ def test_a_run_weighs_its_raters_and_stores_their_assessments(instance):
         assert all(a.weight > 0 for uid, a in stored.items() if uid != raters[0])
         assert raters[0] in excluded_raters()
         assert "rater trust:" in (run.log or "")
+
+
+def test_the_data_stage_runs_once_and_its_outcome_is_handed_on(instance, micro_model_dir, monkeypatch):
+    """The runner prepares the data once (built, weighed by its raters, the stages sized to it) and hands
+    that very outcome to the cycle and to the other training processes; the run records its sizes."""
+    import shutil
+
+    import rlhf.cycle
+    import webapp.training.runner
+    from rlhf.cycle import CycleResult
+    from rlhf.training import distributed
+
+    app = make_app(instance)
+    seed_feedback(app, 40)
+    built, sent, trained = [], [], []
+    build = rlhf.cycle.build_datasets
+    monkeypatch.setattr(rlhf.cycle, "build_datasets", lambda *a, **k: built.append(1) or build(*a, **k))
+    monkeypatch.setattr(distributed, "broadcast", lambda job: sent.append(job) or job)
+
+    def run_prepared(prepared, parent_path, reward_dir, policy_dir, progress=None, log=None, logs=None):
+        trained.append(prepared)  # no training: the parent's weights stand in for the trained models
+        shutil.copytree(micro_model_dir, reward_dir)
+        shutil.copytree(micro_model_dir, policy_dir)
+        return CycleResult(counts=prepared.bundle.counts, reward={}, policy={}, timings={},
+                           evaluation={"passed": False, "reasons": ["not judged"]})
+
+    monkeypatch.setattr(webapp.training.runner, "run_prepared", run_prepared)
+    result = cli("rl-train", "--min-feedback", "10")
+    assert result.exit_code in (0, 3), result.output
+    assert len(built) == 1
+    [prepared] = trained
+    assert [job.prepared for job in sent if job is not None] == [prepared]
+    with app.app_context():
+        run = db.session.scalars(db.select(TrainingRun)).one()
+        assert run.config["policy"] == json.loads(json.dumps(prepared.settings.to_dict()["policy"]))
+        assert run.config["reward"] == json.loads(json.dumps(prepared.settings.to_dict()["reward"]))
+        assert {k: v for k, v in run.feedback_counts.items() if k != "events"} == \
+            json.loads(json.dumps(prepared.bundle.counts))
