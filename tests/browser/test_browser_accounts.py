@@ -13,8 +13,7 @@ from playwright.sync_api import expect
 
 from tests.support.accessibility import assert_accessible
 from tests.support.browser_checks import watch_csp
-from tests.support.app import make_app, register_model
-from tests.support.live_server import LiveServer
+from tests.support.live_server import live_instance
 from webapp.core.extensions import db
 from webapp.core.models import Conversation, User
 
@@ -29,14 +28,9 @@ _addresses = itertools.count(10)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, micro_model_dir):
-    instance = tmp_path_factory.mktemp("accounts") / "instance"
-    app = make_app(instance)
-    register_model(app, micro_model_dir)
-    with app.app_context():
-        db.engine.dispose()
-    live = LiveServer(instance, env={"RLHF_TRUSTED_PROXIES": "1", "RLHF_NEW_IDENTITIES_PER_HOUR": str(LIMIT)})
-    yield live, app
-    live.stop()
+    env = {"RLHF_TRUSTED_PROXIES": "1", "RLHF_NEW_IDENTITIES_PER_HOUR": str(LIMIT)}
+    with live_instance(tmp_path_factory.mktemp("accounts") / "instance", micro_model_dir, env=env) as live:
+        yield live.server, live.app
 
 
 @pytest.fixture

@@ -11,8 +11,7 @@ from werkzeug.security import generate_password_hash
 
 from tests.support.accessibility import assert_accessible
 from tests.support.browser_checks import admin_login, assert_nothing_injected, watch_csp
-from tests.support.app import make_app, register_model
-from tests.support.live_server import LiveServer
+from tests.support.live_server import live_instance
 from tests.webapp.admin.test_raters import seed_raters
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
@@ -27,16 +26,13 @@ PHONE = {"width": 390, "height": 844}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, micro_model_dir):
-    instance = tmp_path_factory.mktemp("raters") / "instance"
-    app = make_app(instance)
-    register_model(app, micro_model_dir)
-    ids = seed_raters(app)
-    with app.app_context():
+    def prepare(app):
+        ids = seed_raters(app)
         set_admin_password("root", PASSWORD)
-        db.engine.dispose()
-    live = LiveServer(instance)
-    yield live, app, ids
-    live.stop()
+        return ids
+
+    with live_instance(tmp_path_factory.mktemp("raters") / "instance", micro_model_dir, prepare) as live:
+        yield live.server, live.app, live.prepared
 
 
 def admin_page(browser, url: str, viewport: dict):

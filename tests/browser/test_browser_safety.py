@@ -6,8 +6,8 @@ import pytest
 
 from tests.support.accessibility import assert_accessible
 from tests.support.browser_checks import admin_login
-from tests.support.app import make_app, register_model
-from tests.support.live_server import LiveServer
+from tests.support.app import make_app
+from tests.support.live_server import live_instance
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import Message, RailIntervention, RailRule
@@ -20,16 +20,14 @@ PASSWORD = "safety-admin-pass"
 
 @pytest.fixture(scope="module")
 def rail_server(tmp_path_factory, micro_model_dir):
-    instance = tmp_path_factory.mktemp("browser-rail") / "instance"
-    app = make_app(instance)
-    register_model(app, micro_model_dir)
-    with app.app_context():  # every lower-case letter is blocked: the micro model writes some in every answer
+    def prepare(app):  # every lower-case letter is blocked: the micro model writes some in every answer
         db.session.add(RailRule(kind="pattern", value="[a-z]"))
         db.session.commit()
         set_admin_password("root", PASSWORD)
-    server = LiveServer(instance, env={"RLHF_RAIL_REFUSAL_TEXT": REFUSAL, "RLHF_EMBEDDED_PRESET": "micro"})
-    yield server, instance
-    server.stop()
+
+    with live_instance(tmp_path_factory.mktemp("browser-rail") / "instance", micro_model_dir, prepare,
+                       env={"RLHF_RAIL_REFUSAL_TEXT": REFUSAL, "RLHF_EMBEDDED_PRESET": "micro"}) as live:
+        yield live.server, live.instance
 
 
 def test_a_blocked_answer_never_appears_in_the_page(browser, rail_server):

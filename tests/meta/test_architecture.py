@@ -197,3 +197,16 @@ def test_architecture_map_names_every_module(package):
               and p.parent.name != "versions"}  # Alembic revisions: the map names their folder
     assert sorted(actual - listed) == [], "modules missing from docs/architecture.md's module map"
     assert sorted(listed - actual) == [], "docs/architecture.md's module map names modules that do not exist"
+
+
+def test_rlhf_tests_are_grouped_by_stage():
+    """tests/rlhf/ has a folder per stage of rlhf/ it tests, and no loose test file but those of the
+    top-level modules (rlhf/cycle.py: test_cycle_*.py)."""
+    tests = ROOT / "tests" / "rlhf"
+    stages = {p.name for p in (ROOT / "rlhf").iterdir() if (p / "__init__.py").is_file()}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders and sorted(folders - stages) == []
+    assert all((tests / folder / "__init__.py").is_file() for folder in folders)
+    top_level = {p.stem for p in (ROOT / "rlhf").glob("*.py")}
+    loose = [p.name for p in tests.glob("test_*.py") if p.stem.split("_")[1] not in top_level]
+    assert loose == []

@@ -1,4 +1,9 @@
-"""Start the real production server (``flask --app webapp serve``) in a child process."""
+"""Start the real production server (``flask --app webapp serve``) in a child process.
+
+:class:`LiveServer` serves an instance folder as it is; :func:`live_instance` is the one way a test
+sets one up first (the app's tables, a model registered as the active version, the test's own rows)
+and serves it; :func:`chat_server_fixture` is that on the embedded default model as a fixture.
+"""
 from __future__ import annotations
 
 import os
@@ -6,7 +11,10 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import requests
 
@@ -69,6 +77,35 @@ class LiveServer:
         self._log.close()
 
 
+@dataclass
+class LiveInstance:
+    server: LiveServer
+    app: Any  # the test's own Flask app on the same instance folder (to read what the server stored)
+    instance: Path
+    prepared: Any = None  # what ``prepare`` returned
+
+
+@contextmanager
+def live_instance(instance: Path, model_dir: Path, prepare: Callable[[Any], Any] | None = None,
+                  env: dict[str, str] | None = None, args: list[str] | None = None) -> Iterator[LiveInstance]:
+    """The production server on a new instance folder: tables made, ``model_dir`` registered as the
+    active version, then ``prepare(app)`` run in an app context (rows, keys, an admin account: what it
+    returns is ``prepared``); the server is stopped on the way out."""
+    from tests.support.app import make_app, register_model
+    from webapp.core.extensions import db
+
+    app = make_app(instance)
+    register_model(app, model_dir)
+    with app.app_context():
+        prepared = prepare(app) if prepare else None
+        db.engine.dispose()  # the server opens its own connections
+    server = LiveServer(instance, env=env, args=args)
+    try:
+        yield LiveInstance(server, app, Path(instance), prepared)
+    finally:
+        server.stop()
+
+
 def chat_server_fixture(name: str):
     """A module-scoped fixture: the production server on the embedded default model, in a fresh
     instance folder; yields (server, instance)."""
@@ -76,12 +113,7 @@ def chat_server_fixture(name: str):
 
     @pytest.fixture(scope="module")
     def chat_server(tmp_path_factory, default_model_dir):
-        from tests.support.app import make_app, register_model
-
-        instance = tmp_path_factory.mktemp(name) / "instance"
-        register_model(make_app(instance), default_model_dir)
-        server = LiveServer(instance)
-        yield server, instance
-        server.stop()
+        with live_instance(tmp_path_factory.mktemp(name) / "instance", default_model_dir) as live:
+            yield live.server, live.instance
 
     return chat_server

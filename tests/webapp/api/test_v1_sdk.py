@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 
 from tests.support.app import flask_cli, make_app, register_model
-from tests.support.live_server import LiveServer
+from tests.support.live_server import live_instance
 from webapp.api.keys import create_api_key
 from webapp.core.extensions import db
 from webapp.core.models import Message
@@ -24,18 +24,14 @@ SEEDED = {"seed": 0, "temperature": 1.0, "top_p": 1.0}  # a sampled answer, the 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, micro_model_dir):
-    instance = tmp_path_factory.mktemp("v1-sdk") / "instance"
-    app = make_app(instance)
-    register_model(app, micro_model_dir)
-    with app.app_context():
-        keys = {name: create_api_key(name, client, rate_limit=limit)[1] for name, client, limit in
+    def keys(app):
+        return {name: create_api_key(name, client, rate_limit=limit)[1] for name, client, limit in
                 (("sdk", None, None), ("front-a", "front", None), ("front-b", "front", None),
                  ("limited", None, "2 per hour"), ("doomed", None, None))}
-    server = LiveServer(instance, env={"RLHF_EMBEDDED_PRESET": "micro", "RLHF_MAX_NEW_TOKENS": "60"})
-    try:
-        yield server, instance, keys
-    finally:
-        server.stop()
+
+    with live_instance(tmp_path_factory.mktemp("v1-sdk") / "instance", micro_model_dir, keys,
+                       env={"RLHF_EMBEDDED_PRESET": "micro", "RLHF_MAX_NEW_TOKENS": "60"}) as live:
+        yield live.server, live.instance, live.prepared
 
 
 def sdk(live, key: str = "sdk") -> OpenAI:

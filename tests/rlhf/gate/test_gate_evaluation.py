@@ -1,203 +1,20 @@
-"""TRL training on the micro model: reward model, PPO, the alternatives, the evaluation gate."""
+"""The evaluation gate on the micro model: degeneration, implicit margins on held-out pairs, the sign test, the judge."""
 from __future__ import annotations
-
-import random
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlhf.data import corpus
 from rlhf.gate.evaluation import distinct_n, evaluate_candidate, repetition
-from rlhf.gate.verdict import decided_by, evidence_reasons
 from rlhf.gate.instruments import implicit_margins, pair_sequences, sequence_logprobs, sign_test
+from rlhf.gate.verdict import decided_by, evidence_reasons
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.sampling import answer_logprob, sample_answers
-from rlhf.policy import reward_ranked_pairs, train_dpo, train_iterative_dpo, train_kto, train_ppo, train_rloo
-from rlhf.reward.scoring import load_reward_model, score_texts
-from rlhf.reward.training import train_reward_model
-from rlhf.settings import EvalSettings, GateThresholds
-from rlhf.settings import PolicySettings
-from rlhf.settings import RewardSettings
+from rlhf.policy import train_dpo
+from rlhf.settings import EvalSettings, GateThresholds, PolicySettings
+from tests.support.training import MICRO_POLICY, clean_pairs, prompts
 
 pytestmark = pytest.mark.slow
-
-MICRO_POLICY = PolicySettings(episodes=128, batch_size=8, mini_batches=1, learning_rate=3e-3, response_length=24,
-                              epochs=1.0, rloo_generations=4)
-
-
-def clean_pairs(n: int, seed: int) -> list[dict]:
-    """Helpful answers preferred over rude ones (a preference a reward model must learn)."""
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        topic = rng.choice(corpus.TOPICS)
-        task = rng.choice(topic.tasks)
-        q = rng.choice(corpus.TASK_QUESTIONS).format(task=task.phrase)
-        rows.append({"prompt": [{"role": "user", "content": q}],
-                     "chosen": [{"role": "assistant", "content": corpus.make_answer(rng, "helpful", topic, task)}],
-                     "rejected": [{"role": "assistant", "content": corpus.make_answer(rng, "rude", topic, task)}],
-                     "margin": 1.0})
-    return rows
-
-
-@pytest.fixture(scope="module")
-def reward_dir(micro_model_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("rm") / "reward"
-    metrics = train_reward_model(micro_model_dir, clean_pairs(200, 0), clean_pairs(50, 1), out,
-                                 RewardSettings(epochs=8, learning_rate=2e-3), device="cpu")
-    return out, metrics
-
-
-def prompts(n: int = 32) -> list[list[dict]]:
-    return [[{"role": "user", "content": q}] for q in corpus.sample_prompts(n)]
-
-
-def mean_reward(policy_dir, reward_path, seed: int = 0) -> float:
-    model, tok = load_causal_lm(policy_dir, "cpu")
-    rm, rtok = load_reward_model(reward_path)
-    texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts()] * 4
-    torch.manual_seed(seed)
-    answers, _, _ = sample_answers(model, tok, texts, EvalSettings(max_new_tokens=24))
-    scores = score_texts(rm, rtok, [p + " " + a + tok.eos_token for p, a in zip(texts, answers)])
-    return sum(scores) / len(scores)
-
-
-def test_reward_model_learns_a_clean_preference(reward_dir, micro_model_dir):
-    path, metrics = reward_dir
-    assert metrics["heldout_accuracy"] >= 0.9 and metrics["eval_pairs"] == 50
-    model, tok = load_reward_model(path)
-    assert hasattr(model, "score") and model.config.num_labels == 1
-    assert tok.get_vocab() == AutoTokenizer.from_pretrained(micro_model_dir).get_vocab()  # shares the tokenizer
-    polite, rude = score_texts(model, tok, ["User: How do I cook rice?\nAssistant: Sure! Rinse the rice. "
-                                            "Hope that helps!<|endoftext|>",
-                                            "User: How do I cook rice?\nAssistant: Whatever. Rinse the rice. "
-                                            "Stop bothering me.<|endoftext|>"])
-    assert polite > rude
-
-
-def test_ppo_changes_the_policy_and_raises_its_reward(micro_model_dir, reward_dir, tmp_path):
-    rm_path, _ = reward_dir
-    out = tmp_path / "ppo"
-    # 256 episodes: with 128 the gain on the micro model was within sampling noise (+0.26 on two
-    # torch threads, -0.11 on one); with 256 it was +0.86 and +0.57
-    settings = PolicySettings(**{**MICRO_POLICY.__dict__, "episodes": 256})
-    metrics = train_ppo(micro_model_dir, rm_path, prompts(), out, settings, device="cpu")
-    assert metrics["updates"] == 32 and metrics["objective/kl"]["last"] > 0
-    before = load_file(micro_model_dir / "model.safetensors")
-    after = load_file(out / "model.safetensors")
-    assert any(not torch.equal(before[k], after[k]) for k in before)
-    assert mean_reward(out, rm_path) > mean_reward(micro_model_dir, rm_path) + 0.1
-
-
-def test_ppo_with_a_lora_critic_still_learns_its_values_and_rewards(micro_model_dir, reward_dir, tmp_path):
-    """With lora, PPO's value model is a LoRA adapter plus its score head (lora_value, the default).
-    Its value loss must still fall and the rollouts' reward rise as with a critic trained in full
-    (measured: value loss 6.08 -> 1.59 full, 3.91 -> 1.24 LoRA; scores -1.29 -> 0.54 / 0.53)."""
-    rm_path, _ = reward_dir
-    settings = PolicySettings(**{**MICRO_POLICY.__dict__, "episodes": 256, "lora": True, "lora_r": 8})
-    assert settings.lora_value
-    metrics = train_ppo(micro_model_dir, rm_path, prompts(), tmp_path / "lora-critic", settings, device="cpu")
-    assert metrics["lora_value"] is True
-    assert metrics["loss/value_avg"]["last"] < 0.5 * metrics["loss/value_avg"]["first"]
-    assert metrics["objective/scores"]["last"] > metrics["objective/scores"]["first"] + 1.0
-
-
-def test_ppo_refuses_fewer_prompts_than_a_batch_instead_of_looping_forever(micro_model_dir, reward_dir, tmp_path):
-    rm_path, _ = reward_dir  # MICRO_POLICY's batch is 8 prompts: TRL's loader would never yield one
-    with pytest.raises(ValueError, match="PPO needs at least one batch of prompts per process: 4 prompts"):
-        train_ppo(micro_model_dir, rm_path, prompts(4), tmp_path / "ppo", MICRO_POLICY, device="cpu")
-    assert not (tmp_path / "ppo").exists()
-
-
-def test_ppo_with_lora_saves_the_adapter_on_its_parent(micro_model_dir, reward_dir, tmp_path):
-    import json
-
-    rm_path, _ = reward_dir
-    settings = PolicySettings(**{**MICRO_POLICY.__dict__, "lora": True, "lora_r": 4, "episodes": 16})
-    train_ppo(micro_model_dir, rm_path, prompts(8), tmp_path / "lora", settings, device="cpu")
-    out = tmp_path / "lora"
-    assert (out / "adapter_model.safetensors").is_file() and not (out / "model.safetensors").exists()
-    config = json.loads((out / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == str(micro_model_dir.resolve())
-    load_causal_lm(out, "cpu")  # the parent with the adapter merged
-    AutoModelForCausalLM.from_pretrained(out)  # plain transformers + peft load it too
-    settings = PolicySettings(**{**settings.__dict__, "lora_merge": True})
-    train_ppo(micro_model_dir, rm_path, prompts(8), tmp_path / "merged", settings, device="cpu")
-    assert not (tmp_path / "merged" / "adapter_config.json").exists()
-    AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
-
-
-@pytest.mark.parametrize("algorithm", ["dpo", "kto", "rloo", "iterative_dpo"])
-def test_alternative_algorithms_learn(algorithm, micro_model_dir, reward_dir, tmp_path):
-    """Each trains, and moves the policy the way its signal points: DPO and KTO (on helpful-over-rude
-    pairs) favour the helpful answer of pairs they never saw more than the parent does; RLOO and
-    iterative DPO (on the reward model that learned that preference) raise the policy's mean reward.
-    DPO and KTO get 9 rows in batches of 3 with PPO's ``mini_batches`` at 2: that PPO rule (batch a
-    multiple of the mini-batches) is not theirs and must not refuse them."""
-    rm_path, _ = reward_dir
-    out = tmp_path / algorithm
-    settings = PolicySettings(**{**MICRO_POLICY.__dict__, "max_steps": 4})
-    pairs = clean_pairs(32, 2)
-    if algorithm == "dpo":
-        odd = PolicySettings(**{**settings.__dict__, "batch_size": 3, "mini_batches": 2})
-        metrics = train_dpo(micro_model_dir, pairs[:9], out, odd, device="cpu")
-    elif algorithm == "kto":
-        examples = [{"prompt": p["prompt"], "completion": p[k], "label": k == "chosen"}
-                    for p in pairs for k in ("chosen", "rejected")]
-        odd = PolicySettings(**{**settings.__dict__, "batch_size": 3, "mini_batches": 2})
-        metrics = train_kto(micro_model_dir, examples[:9], out, odd, device="cpu")
-    elif algorithm == "rloo":
-        metrics = train_rloo(micro_model_dir, rm_path, prompts(16), out, settings, device="cpu")
-    else:
-        metrics = train_iterative_dpo(micro_model_dir, rm_path, prompts(16), out, settings, device="cpu")
-        sampled = metrics["sampled"]
-        assert sampled["answers"] == 16 * settings.samples_per_prompt and 0 < sampled["pairs"] <= 16 * 2
-    assert metrics["algorithm"] == algorithm and metrics["steps"] == 4
-    if algorithm in ("dpo", "kto"):
-        candidate, tok = load_causal_lm(out, "cpu")
-        parent, _ = load_causal_lm(micro_model_dir, "cpu")
-        result = sign_test(implicit_margins(candidate, parent, tok, clean_pairs(24, 7)))
-        assert result["wins"] > result["losses"] and result["mean_margin"] > 0, result
-    else:
-        assert mean_reward(out, rm_path) > mean_reward(micro_model_dir, rm_path)
-
-
-def test_iterative_dpo_trains_on_fewer_pairs_than_a_batch_with_the_default_mini_batches(
-        micro_model_dir, reward_dir, tmp_path):
-    """A deployment of few questions gives iterative DPO an odd handful of pairs; the batch shrinks
-    to them, and PPO's mini-batch rule (batch a multiple of 2) must not refuse a DPO run."""
-    rm_path, _ = reward_dir
-    settings = PolicySettings(**{**MICRO_POLICY.__dict__, "mini_batches": 2, "max_steps": 2,
-                                 "pairs_per_prompt": 1, "min_pair_gap": 0.0})
-    metrics = train_iterative_dpo(micro_model_dir, rm_path, prompts(3), tmp_path / "idpo", settings, device="cpu")
-    assert metrics["sampled"]["pairs"] == 3 and metrics["pairs"] == 3 and metrics["steps"] == 2
-
-
-def test_reward_model_learns_from_rated_pairs_across_questions_alone(micro_model_dir, tmp_path):
-    """No two answers to the same question: every pair's sides have their own prompts (rated pairs,
-    rlhf.data.datasets.rated_pairs). The reward model still learns the preference."""
-    rows = [{"chosen_prompt": p["prompt"], "chosen": p["chosen"][0]["content"], "rejected_prompt": q["prompt"],
-             "rejected": q["rejected"][0]["content"], "margin": 1.0, "source": "rated"}
-            for p, q in zip(clean_pairs(150, 3), clean_pairs(150, 4))]
-    metrics = train_reward_model(micro_model_dir, [], clean_pairs(40, 5), tmp_path / "rm",
-                                 RewardSettings(epochs=6, learning_rate=2e-3), device="cpu", rated_rows=rows)
-    assert metrics["train_pairs"] == 0 and metrics["rated_pairs"] == 150
-    assert metrics["heldout_accuracy"] >= 0.8  # same-question held-out pairs it never saw
-
-
-def test_reward_ranked_pairs_take_best_over_worst_where_the_reward_model_separates_them():
-    prompt_a, prompt_b = [{"role": "user", "content": "a?"}], [{"role": "user", "content": "b?"}]
-    answers = [["good", "ok", "meh", "bad"], ["same", "same", "", "x"]]
-    scores = [[3.0, 1.0, 0.0, -3.0], [0.0, 0.01, 2.0, 0.02]]
-    rows, kept = reward_ranked_pairs([prompt_a, prompt_b], answers, scores, pairs_per_prompt=2, min_gap=0.5)
-    pairs = [(r["chosen"][0]["content"], r["rejected"][0]["content"]) for r in rows]
-    # prompt a: best over worst, second over second worst; prompt b: the top answer is empty (never
-    # chosen) and the rest differ by far less than the spread of all scores
-    assert pairs == [("good", "bad"), ("ok", "meh")]
-    assert rows[0]["prompt"] == prompt_a and kept["pairs"] == 2 and kept["answers"] == 8
-    assert reward_ranked_pairs([prompt_a], [answers[0]], [scores[0]], 1, min_gap=10.0)[0] == []
 
 
 def test_degeneration_metrics():

@@ -26,7 +26,7 @@ from rlhf.models.loading import ModelLoadError
 from tests.support.paths import ROOT
 from tests.support.app import make_app, sse_events
 from tests.support.live_server import free_port, stop_process
-from tests.rlhf.test_adapters import make_adapter_version
+from tests.rlhf.models.test_adapters import make_adapter_version
 
 GREEDY = GenerationSettings(do_sample=False, max_new_tokens=16)
 # the app's sampling at a temperature this low is the argmax: answers comparable with in-process greedy ones

@@ -1,4 +1,5 @@
-"""The admin tests' app: three versions and an admin account (tests/support/admin.py)."""
+"""The admin-side app of the admin and experiment-lifecycle tests: three versions and an admin account
+(tests/support/admin.py)."""
 from __future__ import annotations
 
 import pytest
