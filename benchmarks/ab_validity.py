@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from webapp.experiments import sample_stats  # noqa: E402
-from webapp.experiments import stats as ab_stats  # noqa: E402
+from webapp.experiments import sequential_tests as ab_stats  # noqa: E402
 from webapp.experiments.promotion import PromotionPolicy, decide  # noqa: E402
 from webapp.experiments.table import FIELDS, metrics_table  # noqa: E402
 

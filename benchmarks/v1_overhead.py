@@ -72,7 +72,7 @@ def main() -> None:
     instance = Path(tempfile.mkdtemp(prefix="bench-v1-")) / "instance"
     app = make_app(instance)
     register_model(app, model_dir)
-    from webapp.api.keys import create_api_key
+    from webapp.openai_api.keys import create_api_key
 
     with app.app_context():
         key = create_api_key("bench")[1]

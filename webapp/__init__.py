@@ -16,7 +16,7 @@ from webapp.core.settings import ASSETS, build_config  # noqa: E402
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     """Build the app. ``config`` overrides every other source (see webapp/core/settings/). The
-    database is brought to the code's schema revision on the way (webapp/core/migrations.py)."""
+    database is brought to the code's schema revision on the way (webapp/core/schema_revision.py)."""
     cfg = build_config(config)
     app = Flask(__name__, instance_path=cfg["INSTANCE_DIR"], template_folder=str(ASSETS / "templates"),
                 static_folder=str(ASSETS / "static"))
@@ -34,7 +34,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     from webapp.core.extensions import csrf, limiter, login_manager
 
     init_database(app)
-    from webapp.core.migrations import init_migrations, prepare_schema
+    from webapp.core.schema_revision import init_migrations, prepare_schema
 
     init_migrations(app)
     csrf.init_app(app)
@@ -43,13 +43,13 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     limiter.init_app(app)
 
     from webapp import cli
-    from webapp.admin import api as admin_api
+    from webapp.admin import json_api as admin_json_api
     from webapp.admin import auth as admin_auth
     from webapp.admin import pages as admin_pages
-    from webapp.api import admin as api_keys_admin
-    from webapp.api import v1
+    from webapp.openai_api import keys_admin
+    from webapp.openai_api import routes as openai_routes
     from webapp.chat import account as account_api
-    from webapp.chat import api as chat_api
+    from webapp.chat import routes as chat_routes
     from webapp.chat import pages
     from webapp.chat import session as session_api
     from webapp.core import errors, identity, security
@@ -60,10 +60,10 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     errors.init_app(app)
     security.init_app(app)
     app.url_map.converters["int"] = IdConverter  # before any route is added
-    for blueprint in (session_api.bp, chat_api.bp, account_api.bp, pages.bp, admin_auth.bp, admin_pages.bp,
-                      admin_api.bp, safety_pages.bp, api_keys_admin.bp):
+    for blueprint in (session_api.bp, chat_routes.bp, account_api.bp, pages.bp, admin_auth.bp, admin_pages.bp,
+                      admin_json_api.bp, safety_pages.bp, keys_admin.bp):
         app.register_blueprint(blueprint)
-    v1.init_app(app)  # the OpenAI-compatible API: bearer keys, no CSRF, errors in OpenAI's shape
+    openai_routes.init_app(app)  # the OpenAI-compatible API: bearer keys, no CSRF, errors in OpenAI's shape
     cli.init_app(app)
 
     prepare_schema(app)

@@ -7,7 +7,7 @@ on a database behind (or ahead of) the code refuses to start with the reason; ru
 from __future__ import annotations
 
 from . import create_app
-from .core.migrations import schema_problem
+from .core.schema_revision import schema_problem
 from .core.settings import ConfigError
 
 try:

@@ -11,12 +11,12 @@ Pure Python: no Flask, no database (the web layer stores rules and interventions
 from __future__ import annotations
 
 from rlhf.safety.checker import RiskFn, StreamChecker, Violation, check_text
-from rlhf.safety.guard import ACTIONS, DEFAULT_REFUSAL, Block, GuardedStream, Outcome, Policy, Rail, guard_result
+from rlhf.safety.rail import ACTIONS, DEFAULT_REFUSAL, Block, RailedStream, Outcome, RailPolicy, Rail, railed_result
 from rlhf.safety.rules import (KINDS, MAX_PATTERN_CHARS, MAX_PHRASE_CHARS, PRESETS, Rule, build_rule, build_rules, iban_ok,
                     luhn_ok, validate_pattern, validate_phrase)
 
 __all__ = [
-    "ACTIONS", "Block", "DEFAULT_REFUSAL", "GuardedStream", "KINDS", "MAX_PATTERN_CHARS", "MAX_PHRASE_CHARS",
-    "Outcome", "PRESETS", "Policy", "Rail", "RiskFn", "Rule", "StreamChecker", "Violation", "build_rule",
-    "build_rules", "check_text", "guard_result", "iban_ok", "luhn_ok", "validate_pattern", "validate_phrase",
+    "ACTIONS", "Block", "DEFAULT_REFUSAL", "RailedStream", "KINDS", "MAX_PATTERN_CHARS", "MAX_PHRASE_CHARS",
+    "Outcome", "PRESETS", "RailPolicy", "Rail", "RiskFn", "Rule", "StreamChecker", "Violation", "build_rule",
+    "build_rules", "check_text", "railed_result", "iban_ok", "luhn_ok", "validate_pattern", "validate_phrase",
 ]

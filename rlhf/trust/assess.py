@@ -14,7 +14,7 @@ from rlhf.trust.camps import majority_camp
 from rlhf.trust.crowd import RaterInfo, crowd_of, validated
 from rlhf.trust.dawid_skene import dawid_skene, distrusted_start
 from rlhf.trust.guard import choose, guard
-from rlhf.trust.judgement import Candidate
+from rlhf.trust.judgement import RaterJudgement
 from rlhf.trust.proxy_model import agreement_items
 from rlhf.trust.rater_weights import final_weights
 from rlhf.trust.report import TrustResult, report
@@ -32,7 +32,7 @@ def assess_raters(bundle: DatasetBundle, raters: Mapping[int, RaterInfo] | None,
     crowd = crowd_of(items.raters, infos, settings)
     applied = {"caps": True, "new": any(crowd.new.values()), "reliability": False, "quarantine": False}
     notes: list[str] = []
-    chosen: Candidate | None = None
+    chosen: RaterJudgement | None = None
     if settings.iterations == 0:
         notes.append("reliability off (iterations = 0): only the caps and the new-identity rule act")
     elif crowd.counted < 2:

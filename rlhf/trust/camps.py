@@ -15,7 +15,7 @@ import numpy as np
 from rlhf.settings import TrustSettings
 from rlhf.trust.agreement import Tally, dispersion, fold_of, pooled, rater_loglik, score_fold
 from rlhf.trust.crowd import Crowd
-from rlhf.trust.judgement import Candidate, judge
+from rlhf.trust.judgement import RaterJudgement, update_judgement
 from rlhf.trust.proxy_model import Items, fit, logit, sigmoid
 
 
@@ -124,7 +124,7 @@ def camp_agreement(items: Items, vote: Mapping[int, float], counts: Mapping[int,
 class Camps:
     """The majority camp's judgement and what it rests on."""
 
-    candidate: Candidate  # each rater judged by the majority camp's model fitted without it
+    candidate: RaterJudgement  # each rater judged by the majority camp's model fitted without it
     agreement: tuple[float | None, float]  # that model's balanced agreement, pooled by people, and its p-value
     dispersion_p: float  # p-value of "every rater agrees with it at chance"
     note: str
@@ -146,9 +146,9 @@ def majority_camp(items: Items, crowd: Crowd, settings: TrustSettings) -> Camps:
             f"p = {spread:.2g}; {sum(1 for r in crowd.auto if member.get(r, 1.0) < 0.5)} raters placed "
             f"in the minority")
     start = {r: member.get(r, 1.0) if crowd.admin[r] == "auto" else 1.0 for r in crowd.mass}
-    candidate = Candidate(soft=dict(start), reliability=dict(start))
+    candidate = RaterJudgement(soft=dict(start), reliability=dict(start))
     # the crowd it compares a rater with is the majority camp (everyone would include the minority)
-    judge(candidate, tally, {r: v * member.get(r, 1.0) for r, v in vote.items()}, crowd, settings)
+    update_judgement(candidate, tally, {r: v * member.get(r, 1.0) for r, v in vote.items()}, crowd, settings)
     candidate.valid = candidate.pooled is not None and (
         min(spread, agreement[1] if agreement[0] is not None and agreement[0] > 0.5 else 1.0) < settings.quarantine_p)
     candidate.notes.append(f"from the majority camp: agreement {candidate.pooled or 0:.3f} on "

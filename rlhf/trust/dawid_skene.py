@@ -14,12 +14,12 @@ import numpy as np
 from rlhf.settings import TrustSettings
 from rlhf.trust.agreement import dispersion, leave_raters_out, pooled
 from rlhf.trust.crowd import Crowd
-from rlhf.trust.judgement import Candidate, judge
+from rlhf.trust.judgement import RaterJudgement, update_judgement
 from rlhf.trust.proxy_model import Items
 from rlhf.trust.rater_weights import rater_weights
 
 
-def votes(items: Items, crowd: Crowd, candidate: Candidate) -> tuple[dict[int, float], np.ndarray]:
+def votes(items: Items, crowd: Crowd, candidate: RaterJudgement) -> tuple[dict[int, float], np.ndarray]:
     """One rater, one vote (up to the median volume) times its current weight; per item the
     mean of its raters' votes (a row without raters: 1)."""
     current = rater_weights(crowd, candidate, soft=True)
@@ -28,12 +28,12 @@ def votes(items: Items, crowd: Crowd, candidate: Candidate) -> tuple[dict[int, f
 
 
 def dawid_skene(items: Items, crowd: Crowd, settings: TrustSettings, start: Mapping[int, float],
-                label: str) -> Candidate:
+                label: str) -> RaterJudgement:
     """A run from the reliability factors ``start``, ``settings.iterations`` times round; valid
     when the crowd's agreement ends above chance. ``label`` starts its notes."""
     single = items.single()
     everything = np.ones(len(items.raters), bool)
-    candidate = Candidate(soft=dict(start), reliability=dict(start))
+    candidate = RaterJudgement(soft=dict(start), reliability=dict(start))
     for it in range(settings.iterations):
         vote, fit_weight = votes(items, crowd, candidate)
         if not fit_weight.any():
@@ -42,7 +42,7 @@ def dawid_skene(items: Items, crowd: Crowd, settings: TrustSettings, start: Mapp
         if it == 0:
             candidate.first = pooled(*tally.balanced(), vote)
             candidate.dispersion_p = dispersion(*tally.balanced())
-        judge(candidate, tally, vote, crowd, settings)
+        update_judgement(candidate, tally, vote, crowd, settings)
         candidate.notes.append(
             f"{label} iteration {it + 1}: agreement {candidate.pooled if candidate.pooled is not None else 0:.3f} on "
             f"{sum(candidate.checked.values())} rater-items; {len(candidate.quarantined)} below chance, "
@@ -51,7 +51,7 @@ def dawid_skene(items: Items, crowd: Crowd, settings: TrustSettings, start: Mapp
     return candidate
 
 
-def distrusted_start(first: Candidate, crowd: Crowd) -> dict[int, float] | None:
+def distrusted_start(first: RaterJudgement, crowd: Crowd) -> dict[int, float] | None:
     """Where a second run starts: from the raters ``first`` distrusted (its factors flipped, its
     quarantined raters at full weight). None when it distrusted nobody (no second run)."""
     flipped = {r: (1.0 if r in first.quarantined else 1.0 - first.soft[r]) if crowd.admin[r] == "auto" else 1.0

@@ -12,10 +12,10 @@ from typing import Mapping, Sequence
 from rlhf.settings import TrustSettings
 from rlhf.trust.camps import Camps
 from rlhf.trust.crowd import Crowd
-from rlhf.trust.judgement import Candidate
+from rlhf.trust.judgement import RaterJudgement
 
 
-def head_to_head(a: Candidate, b: Candidate, counts: Mapping[int, float]) -> Candidate:
+def head_to_head(a: RaterJudgement, b: RaterJudgement, counts: Mapping[int, float]) -> RaterJudgement:
     """The fixed point more people side with: each rater (counted ``counts[r]``: a new identity
     ``new_weight``, as a swarm of fresh accounts agreeing with itself is not a crowd) backs the one
     its own items agree with more (a tie: half each). Absolute counts ("raters above 0.5") failed
@@ -26,8 +26,8 @@ def head_to_head(a: Candidate, b: Candidate, counts: Mapping[int, float]) -> Can
     return a if a.support >= b.support else b
 
 
-def choose(runs: Sequence[Candidate], camps: Camps, crowd: Crowd, settings: TrustSettings
-           ) -> tuple[Candidate | None, str]:
+def choose(runs: Sequence[RaterJudgement], camps: Camps, crowd: Crowd, settings: TrustSettings
+           ) -> tuple[RaterJudgement | None, str]:
     """The candidate to keep (None: no run is valid) and a note saying why."""
     if camps.candidate.valid:
         # selection-free (no rater's items choose the model it is judged by), so it is not
@@ -36,7 +36,7 @@ def choose(runs: Sequence[Candidate], camps: Camps, crowd: Crowd, settings: Trus
         return camps.candidate, ("kept the majority camp's agreement: the camps are significant, and it is "
                                  "measured without selection")
     valid = [run for run in runs if run.valid]
-    chosen: Candidate | None = None
+    chosen: RaterJudgement | None = None
     for run in valid:
         chosen = run if chosen is None else head_to_head(chosen, run, crowd.headcount)
     if chosen is None:
@@ -46,7 +46,7 @@ def choose(runs: Sequence[Candidate], camps: Camps, crowd: Crowd, settings: Trus
                        f"counting {settings.new_weight:g})" if len(valid) > 1 else ": the only valid run"))
 
 
-def guard(first: Candidate, camps: Camps, chosen: Candidate | None, crowd: Crowd,
+def guard(first: RaterJudgement, camps: Camps, chosen: RaterJudgement | None, crowd: Crowd,
           settings: TrustSettings) -> str | None:
     """Why agreement says nothing about a rater here (a note; reliability and quarantine are then
     not applied), or None when it does.

@@ -1,9 +1,10 @@
 """A candidate judgement of the raters, and how an agreement tally becomes one.
 
-A :class:`Candidate` is what one estimate (a Dawid-Skene run, or the majority camp's model)
+A :class:`RaterJudgement` is what one estimate (a Dawid-Skene run, or the majority camp's model)
 settled on: each rater's agreement shrunk toward the crowd's, its log-odds reliability factor,
 and who is significantly below chance (quarantined) or, being new, above it (graduated).
-:func:`judge` updates a candidate from a tally.
+:func:`update_judgement` updates one from a tally. (Not the gate's candidate model nor its judge: a
+judgement of the raters.)
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from rlhf.trust.proxy_model import logit
 
 
 @dataclass
-class Candidate:
+class RaterJudgement:
     """One candidate judgement: the factors it settled on and what they rest on."""
 
     soft: dict[int, float]  # the log-odds reliability factor (what the iterations weigh by)
@@ -37,7 +38,7 @@ class Candidate:
     notes: list[str] = field(default_factory=list)
 
 
-def judge(candidate: Candidate, tally: Tally, vote: Mapping[int, float], crowd: Crowd,
+def update_judgement(candidate: RaterJudgement, tally: Tally, vote: Mapping[int, float], crowd: Crowd,
           settings: TrustSettings) -> None:
     """Update ``candidate`` from ``tally``: the crowd's agreement (pooled over raters weighted by
     ``vote``) is the reference; each rater's agreement is shrunk toward it (``prior_strength``

@@ -13,10 +13,10 @@ from typing import Mapping
 
 from rlhf.settings import TrustSettings
 from rlhf.trust.crowd import Crowd
-from rlhf.trust.judgement import Candidate
+from rlhf.trust.judgement import RaterJudgement
 
 
-def rater_weights(crowd: Crowd, candidate: Candidate | None, soft: bool = False) -> dict[int, float]:
+def rater_weights(crowd: Crowd, candidate: RaterJudgement | None, soft: bool = False) -> dict[int, float]:
     """Each rater's weight before the share cap, under ``candidate``'s judgement (None: no
     reliability factor, nobody quarantined but by an admin); ``soft`` uses its unconditional
     log-odds factor (what the Dawid-Skene iterations weigh by) in place of the applied one."""
@@ -46,7 +46,7 @@ class FinalWeights:
     note: str | None  # what the share cap did, None when it cut nobody
 
 
-def final_weights(crowd: Crowd, candidate: Candidate | None, settings: TrustSettings) -> FinalWeights:
+def final_weights(crowd: Crowd, candidate: RaterJudgement | None, settings: TrustSettings) -> FinalWeights:
     """The kept ``candidate``'s weights with the share cap on top."""
     mass = crowd.mass
     base = rater_weights(crowd, candidate)

@@ -9,7 +9,7 @@ from typing import Any
 
 from rlhf.settings import TrustSettings
 from rlhf.trust.crowd import Crowd
-from rlhf.trust.judgement import Candidate
+from rlhf.trust.judgement import RaterJudgement
 from rlhf.trust.rater_weights import FinalWeights
 from rlhf.trust.vocabulary import RULES
 
@@ -50,7 +50,7 @@ class TrustResult:
                 "weight_kept": self.weight_kept}
 
 
-def report(crowd: Crowd, chosen: Candidate | None, weights: FinalWeights, settings: TrustSettings,
+def report(crowd: Crowd, chosen: RaterJudgement | None, weights: FinalWeights, settings: TrustSettings,
            applied: dict[str, bool], notes: list[str]) -> TrustResult:
     """The result: per rater (in id order) its status and the reasons, each rule's share of the
     signal removed counted in the order the rules act (quarantine, caps, reliability, new)."""

@@ -186,7 +186,7 @@ def seed_dashboard(app, model_dir: Path, instance: Path) -> None:
         set_trust(visitors[3], "quarantined", "the same comment on every answer", None)
         db.session.commit()
         # the API keys page: a front end's key in use, an SDK key with its own limit, a revoked one
-        from webapp.api.keys import create_api_key, revoke_api_key
+        from webapp.openai_api.keys import create_api_key, revoke_api_key
 
         used, _ = create_api_key("open-webui", forwards_user_headers=True)
         used.request_count, used.last_used_at = 1234, now - timedelta(minutes=3)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.paths import ROOT  # noqa: E402
-FEATURES = ("core", "serving", "experiments", "chat", "training", "admin", "safety", "api")
+FEATURES = ("core", "serving", "experiments", "chat", "training", "admin", "safety", "openai_api")
 # rlhf/'s stages, bottom up: a module may import its own stage and the stages on lower levels only.
 # The top-level modules settings, algorithms and progress are the shared vocabulary; cycle runs it all.
 RLHF_LEVELS = (
@@ -23,7 +23,7 @@ RLHF_LEVELS = (
     ("settings",),
     ("data", "training"),
     ("models",),
-    ("generation", "trust", "sim"),
+    ("generation", "trust", "sim"),  # sim: simulated users for tests and benchmarks, not a pipeline stage
     ("safety", "reward"),
     ("policy",),
     ("gate",),
@@ -111,7 +111,7 @@ def test_rlhf_imports_neither_flask_nor_webapp():
 def test_webapp_modules_import_no_cycle():
     graph = import_graph("webapp")
     assert len(graph) > 20  # the walk found the modules
-    assert "webapp.core.models" in graph["webapp.chat.api"]  # and their imports
+    assert "webapp.core.models" in graph["webapp.chat.routes"]  # and their imports
     assert find_cycle(graph) is None
 
 
@@ -210,3 +210,11 @@ def test_rlhf_tests_are_grouped_by_stage():
     top_level = {p.stem for p in (ROOT / "rlhf").glob("*.py")}
     loose = [p.name for p in tests.glob("test_*.py") if p.stem.split("_")[1] not in top_level]
     assert loose == []
+
+
+def test_no_stage_imports_the_simulated_users():
+    """rlhf/sim/ is the simulated users of tests and benchmarks (an HTTP client of the web app among
+    them), not a step of the pipeline: no other rlhf/ module imports it."""
+    graph = import_graph("rlhf")
+    assert sorted(m for m, targets in graph.items() if stage_of(m) != "sim"
+                  and any(stage_of(t) == "sim" for t in targets)) == []

@@ -71,7 +71,7 @@ def route_sweep_app(tmp_path_factory, request, name: str, micro_model_dir: Path)
     mp = pytest.MonkeyPatch()
     for key in SETTING_ENV_KEYS:
         mp.delenv(key, raising=False)
-    for where in ("webapp.admin.api", "webapp.training.jobs"):  # where it is called from
+    for where in ("webapp.admin.json_api", "webapp.training.jobs"):  # where it is called from
         mp.setattr(f"{where}.spawn_training", lambda *a, **k: (0, SimpleNamespace(pid=0)))
     overrides = {}
     if os.environ.get("RLHF_TEST_DATABASE", "sqlite") == "postgresql":

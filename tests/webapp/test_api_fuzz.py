@@ -408,7 +408,7 @@ def world(tmp_path_factory, micro_model_dir, request):
         assert changer.post("/api/account/register", json={"username": "changer", "password": "changer-password"}
                             ).status_code == 201
         admin = admin_client(app)
-        from webapp.api.keys import create_api_key
+        from webapp.openai_api.keys import create_api_key
 
         with app.app_context():
             _, key = create_api_key("fuzz-front", forwards_user_headers=True)

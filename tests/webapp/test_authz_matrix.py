@@ -238,7 +238,7 @@ def rail_rule(world) -> dict:
 
 def api_completion(world) -> dict:
     """A completion the world's "key" produced for one of its end users."""
-    from webapp.api.users import anon_id_for
+    from webapp.openai_api.users import anon_id_for
     from webapp.core.extensions import db
     from webapp.core.models import Conversation, Message, User
 
@@ -260,7 +260,7 @@ def api_completion(world) -> dict:
 
 
 def fresh_api_key(world) -> dict:
-    from webapp.api.keys import create_api_key
+    from webapp.openai_api.keys import create_api_key
 
     with world.app.app_context():
         return {"key_id": create_api_key(f"authz-fresh-{next(_ids)}")[0].id}
@@ -472,7 +472,7 @@ def world(tmp_path_factory, micro_model_dir, request):
         signed = member.post("/api/account/register", json={"username": "member", "password": MEMBER_PASSWORD},
                              headers={"X-CSRFToken": token})
         assert signed.status_code == 201, signed.get_data(as_text=True)
-        from webapp.api.keys import create_api_key, revoke_api_key
+        from webapp.openai_api.keys import create_api_key, revoke_api_key
 
         with app.app_context():
             admin_id = db.session.scalars(db.select(User).filter_by(username="root")).one().id

@@ -14,13 +14,13 @@ from webapp.core.settings import ConfigError
 
 def needs_current_schema(command: click.Command) -> click.Command:
     """``command``, refusing with the one-line reason when the database's schema is not the code's
-    (webapp.core.migrations): behind with auto-upgrade off, or written by newer code."""
+    (webapp.core.schema_revision): behind with auto-upgrade off, or written by newer code."""
     callback = command.callback
     if callback is None or getattr(callback, "_checks_schema", False):
         return command
 
     def checked(*args, **kwargs):
-        from webapp.core.migrations import schema_problem
+        from webapp.core.schema_revision import schema_problem
 
         problem = schema_problem()
         if problem:

@@ -12,7 +12,7 @@ def init_db_command() -> None:
     """Create the tables, or upgrade the schema to the code's revision (safe to run again; the same
     as `flask --app webapp db upgrade`)."""
     from webapp.core.database import create_schema
-    from webapp.core.migrations import SchemaError
+    from webapp.core.schema_revision import SchemaError
 
     state = current_app.extensions.get("schema_state")
     if state is not None and state.status == "ahead":

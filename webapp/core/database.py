@@ -1,4 +1,4 @@
-"""Engine set-up (the schema and its revisions: webapp/core/migrations.py).
+"""Engine set-up (the schema and its revisions: webapp/core/schema_revision.py).
 
 SQLite gets WAL mode (readers never block the writer), a busy timeout (a writer waits for the
 lock instead of failing with "database is locked") and enforced foreign keys. Server databases
@@ -67,7 +67,7 @@ def group_commit_writer(app: Flask) -> GroupCommitWriter | None:
 def create_schema() -> list[str]:
     """Bring the database to the code's schema revision (idempotent): an empty one gets every
     table, an older one is upgraded. Returns the names of the tables created."""
-    from webapp.core.migrations import VERSION_TABLE, create_current_schema, upgrade
+    from webapp.core.schema_revision import VERSION_TABLE, create_current_schema, upgrade
 
     created = create_current_schema()
     if created:

@@ -32,7 +32,7 @@ def copy_database(target_url: str, progress: Callable[[str, int], None] = lambda
 
     from webapp.core import models  # noqa: F401 - the tables
     from webapp.core.backup import BackupError, NOT_DATA, data_rows
-    from webapp.core.migrations import alembic_config
+    from webapp.core.schema_revision import alembic_config
 
     try:
         url = make_url(target_url)

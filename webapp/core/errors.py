@@ -41,7 +41,7 @@ def init_app(app: Flask) -> None:
     @app.before_request
     def schema_not_current():
         # the database is behind (auto-upgrade off) or ahead of the code: say so instead of failing
-        from webapp.core.migrations import schema_problem
+        from webapp.core.schema_revision import schema_problem
 
         problem = schema_problem(app)
         if problem and request.endpoint != "static":

@@ -79,14 +79,14 @@ def _api_digest(client: str, name: str) -> str:
 # forward ``user: "key:7"`` and act as key 7's own user. Identities are stored (``users.anon_id``)
 # and both derivations already have users, conversations, feedback and A/B arms, so neither can
 # change without orphaning them: instead the one colliding form of an end user's id is escaped
-# (a NUL before it, which no end user's id can hold: webapp/api/users.py refuses NUL), and every
+# (a NUL before it, which no end user's id can hold: webapp/openai_api/users.py refuses NUL), and every
 # other id keeps its digest.
 _KEY_IDENTITY = re.compile(r"key:[0-9]+")
 
 
 def api_anon_id(client: str, external_id: str) -> str:
     """The ``users.anon_id`` of an end user of the /v1 API: one per (front end, its user id), so
-    the same person through any key of one client is one user (webapp/api/users.py), and the Open
+    the same person through any key of one client is one user (webapp/openai_api/users.py), and the Open
     WebUI import finds them again (webapp/training/openwebui.py). Never a key's own identity."""
     return _api_digest(client, "\0" + external_id if _KEY_IDENTITY.fullmatch(external_id) else external_id)
 

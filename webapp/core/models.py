@@ -106,7 +106,7 @@ class Message(db.Model):
     completion_id: Mapped[Optional[str]] = mapped_column(String(64))
     external_message_id: Mapped[Optional[str]] = mapped_column(String(200), index=True)
     # A guided regeneration's instruction (Open WebUI's "More Concise", "Add Details" or a typed change):
-    # the answer is a sibling of the one it replaces, asked for with this change in mind (webapp.api.threads).
+    # the answer is a sibling of the one it replaces, asked for with this change in mind (webapp.openai_api.threads).
     guidance: Mapped[Optional[str]] = mapped_column(Text)
     # Why generation ended (rlhf.generation: eos, stop_string, length, cancelled, rail); "length" is an
     # answer cut at the generation limit, shown as cut and never taken as a complete good answer.

@@ -33,7 +33,7 @@ from webapp.core.private_files import copy_private, private_dir, private_dirs
 
 def check_restorable(src: Path, manifest: dict[str, Any]) -> None:
     """Refuse (BackupError) a backup this code or this instance cannot take."""
-    from webapp.core.migrations import head_revision, known_revisions
+    from webapp.core.schema_revision import head_revision, known_revisions
 
     revision = manifest.get("schema_revision")
     if revision and revision not in known_revisions():
@@ -73,7 +73,7 @@ def restore_instance(src: Path, progress: Callable[[str], None] = lambda _m: Non
     kept_config = _restore_files(src, manifest["files"], instance)
     old = manifest["instance_dir"]
     _relative_paths(old)
-    from webapp.core.migrations import prepare_schema, upgrade
+    from webapp.core.schema_revision import prepare_schema, upgrade
 
     db.session.remove()
     before, after = upgrade()

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from webapp.experiments.stats import cs_halfwidth
+from webapp.experiments.sequential_tests import cs_halfwidth
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Users are the unit of analysis (they are what is randomized): each user's answer
 ratings, corrections, regenerations, flags and compare votes are summed first, one row per user, each
 user's sums are scaled to weigh at most ``policy.user_cap`` observations (by default one: a user
 counts once however much they rate), and every metric is a ratio of sums over users with its
-delta-method variance (:func:`webapp.experiments.stats.ratio_arm`). ``webapp.experiments.metrics`` builds the rows from
+delta-method variance (:func:`webapp.experiments.sequential_tests.ratio_arm`). ``webapp.experiments.metrics`` builds the rows from
 the database; ``benchmarks/ab_validity.py`` feeds simulated ones. Both get the same table, which
 the promotion policy (:mod:`webapp.experiments.promotion`) decides on.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from webapp.core.metric_catalog import METRICS
-from webapp.experiments import stats as ab_stats
+from webapp.experiments import sequential_tests as ab_stats
 from webapp.experiments.promotion import PromotionPolicy
 
 ARMS = ("control", "variant")

@@ -1,5 +1,5 @@
 """Alembic's environment for ``flask --app webapp db ...`` and the app's own upgrade at start-up
-(webapp.core.migrations). The target metadata is the app's models; SQLite runs in batch mode
+(webapp.core.schema_revision). The target metadata is the app's models; SQLite runs in batch mode
 (ALTERs become copy-and-move), so one revision works on SQLite and PostgreSQL alike."""
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def run_migrations_online() -> None:
     conf_args.pop("render_as_batch", None)  # batch mode on SQLite only (below)
     conf_args.setdefault("process_revision_directives", process_revision_directives)
     conf_args.setdefault("include_object", include_object)
-    connection = config.attributes.get("connection")  # given by webapp.core.migrations (under its lock)
+    connection = config.attributes.get("connection")  # given by webapp.core.schema_revision (under its lock)
     if connection is not None:
         _run(connection, conf_args)
         return

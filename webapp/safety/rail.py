@@ -15,7 +15,7 @@ from typing import Sequence
 from flask import current_app
 
 from rlhf.reward.criteria_heads import CriteriaScorer
-from rlhf.safety import PRESETS, Block, Policy, Rail, build_rules
+from rlhf.safety import PRESETS, Block, RailPolicy, Rail, build_rules
 
 from webapp.core.extensions import db
 from webapp.core.instance_paths import resolve
@@ -82,7 +82,7 @@ def rail_for(route: Route) -> Rail | None:
     if scorer is not None:
         def risk(history, text, scorer=scorer):
             return scorer.flag_risk([list(history)], [text])[0]
-    policy = Policy(action=cfg["RLHF_RAIL_ACTION"], attempts=int(cfg["RLHF_RAIL_REGENERATE_ATTEMPTS"]),
+    policy = RailPolicy(action=cfg["RLHF_RAIL_ACTION"], attempts=int(cfg["RLHF_RAIL_REGENERATE_ATTEMPTS"]),
                     refusal=cfg["RLHF_RAIL_REFUSAL_TEXT"])
     return Rail(_compiled(rule_specs()), policy, risk, float(cfg["RLHF_RAIL_COST_THRESHOLD"]))
 

@@ -84,7 +84,7 @@ class _Matcher:
 
     def served_to(self, candidates: list[Message], external_user_id: str | None) -> list[Message]:
         """The candidates served to this front-end user: answered over the /v1 API in a conversation of
-        the app user that the answering key's client makes of ``external_user_id`` (webapp.api.users).
+        the app user that the answering key's client makes of ``external_user_id`` (webapp.openai_api.users).
         A rating binds to its rater: nobody's record becomes someone else's feedback."""
         if not external_user_id or not candidates:
             return []

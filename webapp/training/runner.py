@@ -172,8 +172,8 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
         if trust:  # each rater's latest assessment, for the raters page and the verdicts
             store_assessments(run.id, trust.get("raters") or {})
         run_id, parent_id, parent_name, parent_path = run.id, parent.id, parent.name, parent.location
-        guard = RunWatchdog(current_app._get_current_object(), run_id, limits).start() if watchdog else None
-        tracker = RunTracker(run_id, bars, watchdog=guard)
+        run_watchdog = RunWatchdog(current_app._get_current_object(), run_id, limits).start() if watchdog else None
+        tracker = RunTracker(run_id, bars, watchdog=run_watchdog)
         if recovered:
             tracker.log(f"recovered stale runs {recovered}: marked failed")
         tracker.log(f"parent {parent_name}; {events} feedback events; algorithm {algorithm}")
@@ -248,8 +248,8 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
             db.session.commit()
             raise
         finally:
-            if guard:
-                guard.stop()
+            if run_watchdog:
+                run_watchdog.stop()
             shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rlhf.generation.pool import GenerationResult
-from rlhf.safety import (PRESETS, GuardedStream, Policy, Rail, StreamChecker, build_rule, build_rules, check_text,
-                         guard_result, iban_ok, luhn_ok, validate_pattern, validate_phrase)
+from rlhf.safety import (PRESETS, RailedStream, RailPolicy, Rail, StreamChecker, build_rule, build_rules, check_text,
+                         railed_result, iban_ok, luhn_ok, validate_pattern, validate_phrase)
 
 ALL_PRESETS = build_rules([("preset", name) for name in PRESETS])
 
@@ -212,8 +212,8 @@ def result(text: str, tokens: int = 5) -> GenerationResult:
 
 
 def test_guard_refuses_a_blocked_answer():
-    rail = Rail(PHRASE_RULES, Policy("refuse", refusal="No."))
-    outcome = guard_result(rail, [], result("go kill yourself"), lambda: pytest.fail("refuse never regenerates"))
+    rail = Rail(PHRASE_RULES, RailPolicy("refuse", refusal="No."))
+    outcome = railed_result(rail, [], result("go kill yourself"), lambda: pytest.fail("refuse never regenerates"))
     assert outcome.result.text == "No." and outcome.refused and outcome.result.finish_reason == "rail"
     assert [(b.action, b.text, b.reason) for b in outcome.blocks] == [("refused", "go kill yourself",
                                                                        "phrase: kill yourself")]
@@ -221,16 +221,16 @@ def test_guard_refuses_a_blocked_answer():
 
 def test_guard_regenerates_until_an_answer_is_safe():
     answers = iter(["kill yourself again", "a safe answer"])
-    rail = Rail(PHRASE_RULES, Policy("regenerate", attempts=2))
-    outcome = guard_result(rail, [], result("kill yourself"), lambda: result(next(answers)))
+    rail = Rail(PHRASE_RULES, RailPolicy("regenerate", attempts=2))
+    outcome = railed_result(rail, [], result("kill yourself"), lambda: result(next(answers)))
     assert outcome.result.text == "a safe answer" and not outcome.refused
     assert [(b.action, b.attempt) for b in outcome.blocks] == [("regenerated", 0), ("regenerated", 1)]
     assert outcome.result.token_count == 15 and outcome.result.latency_ms == 30.0  # what all three cost
 
 
 def test_guard_refuses_after_the_last_attempt():
-    rail = Rail(PHRASE_RULES, Policy("regenerate", attempts=2, refusal="No."))
-    outcome = guard_result(rail, [], result("kill yourself"), lambda: result("kill yourself"))
+    rail = Rail(PHRASE_RULES, RailPolicy("regenerate", attempts=2, refusal="No."))
+    outcome = railed_result(rail, [], result("kill yourself"), lambda: result("kill yourself"))
     assert outcome.result.text == "No." and [b.action for b in outcome.blocks] == ["regenerated", "regenerated",
                                                                                    "refused"]
 
@@ -259,7 +259,7 @@ def test_guarded_stream_never_yields_blocked_text_and_replaces_the_bubble():
     handles = [FakeHandle(["Sure. You ", "could ki", "ll your", "self and more ", "text"]),
                FakeHandle(["A ", "safe ", "one."])]
     it = iter(handles)
-    guarded = GuardedStream(Rail(PHRASE_RULES, Policy("regenerate", attempts=1)), [], lambda: next(it))
+    guarded = RailedStream(Rail(PHRASE_RULES, RailPolicy("regenerate", attempts=1)), [], lambda: next(it))
     events = list(guarded)
     sent = "".join(d["text"] for kind, d in events if kind == "token")
     assert "kill" not in sent and "yourself" not in sent
@@ -270,7 +270,7 @@ def test_guarded_stream_never_yields_blocked_text_and_replaces_the_bubble():
 
 def test_guarded_stream_keeps_only_what_was_sent_when_stopped():
     handle = FakeHandle(["Hello there ", "you could ki", "ll yourself"])
-    guarded = GuardedStream(Rail(PHRASE_RULES), [], lambda: handle)
+    guarded = RailedStream(Rail(PHRASE_RULES), [], lambda: handle)
     assert next(iter(guarded)) == ("token", {"text": "Hello there "})
     guarded.close()
     assert guarded.stopped and guarded.outcome.result.text == "Hello there" and guarded.outcome.result.stopped
@@ -281,14 +281,14 @@ def test_an_append_only_stream_is_refused_once_text_went_out_and_regenerated_bef
     text is refused whatever the policy; a block before any text is regenerated as usual."""
     late = [FakeHandle(["Sure. You ", "could ki", "ll yourself"]), FakeHandle(["A safe one."])]
     it = iter(late)
-    guarded = GuardedStream(Rail(PHRASE_RULES, Policy("regenerate", attempts=2, refusal="No.")), [],
+    guarded = RailedStream(Rail(PHRASE_RULES, RailPolicy("regenerate", attempts=2, refusal="No.")), [],
                             lambda: next(it), can_retract=False)
     events = list(guarded)
     assert events[0] == ("token", {"text": "Sure. You "}) and events[-1][1]["action"] == "refused"
     assert [b.action for b in guarded.outcome.blocks] == ["refused"] and guarded.outcome.refused
     early = [FakeHandle(["kill yourself"]), FakeHandle(["A safe one."])]
     it = iter(early)
-    guarded = GuardedStream(Rail(PHRASE_RULES, Policy("regenerate", attempts=2)), [], lambda: next(it),
+    guarded = RailedStream(Rail(PHRASE_RULES, RailPolicy("regenerate", attempts=2)), [], lambda: next(it),
                             can_retract=False)
     events = list(guarded)
     assert ("rail", {"type": "rail", "action": "regenerating", "text": ""}) in events

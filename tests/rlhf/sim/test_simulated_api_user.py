@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rlhf.sim.users import ApiUser, Behaviour
 from tests.support.app import make_app
-from tests.webapp.api.test_v1_sdk import live  # noqa: F401 (a fixture: the production server, keys made)
+from tests.webapp.openai_api.test_v1_sdk import live  # noqa: F401 (a fixture: the production server, keys made)
 from webapp.core.extensions import db
 from webapp.core.identity import api_anon_id
 from webapp.core.models import ApiKey, Conversation, Feedback, Flag, Message, User

@@ -20,7 +20,7 @@ from tests.support.paths import FIXTURES
 from tests.support.app import DATABASES, database_url_for, flask_cli, login_admin, make_app, register_model
 from tests.support.feedback_factory import seed_feedback
 from webapp.core.extensions import db
-from webapp.core.migrations import MIGRATIONS_DIR, alembic_config, head_revision, schema_problem
+from webapp.core.schema_revision import MIGRATIONS_DIR, alembic_config, head_revision, schema_problem
 
 FIXTURE = FIXTURES / "legacy_create_all.sql"
 
@@ -320,7 +320,7 @@ def test_wsgi_workers_never_upgrade_and_refuse_a_database_behind(tmp_path, micro
 def test_an_upgrade_that_cannot_go_on_stops_with_the_reason_and_changes_nothing(tmp_path, micro_model_dir):
     """Names that differ only in case (the old create-admin could make them) cannot take the
     case-insensitive unique index: the upgrade says which, before changing anything."""
-    from webapp.core.migrations import SchemaError
+    from webapp.core.schema_revision import SchemaError
 
     inst = tmp_path / "instance"
     path = _legacy_database(inst, micro_model_dir)

@@ -9,7 +9,7 @@ import pytest
 
 from rlhf.data.records import FeedbackRecord
 from tests.support.app import ApiClient, make_app, register_model
-from webapp.api.keys import create_api_key
+from webapp.openai_api.keys import create_api_key
 from webapp.core.models import Feedback
 from webapp.core.ratings.registry import FEEDBACK_FIELDS, FEEDBACK_KINDS, event_kinds
 from webapp.training.records import feedback_events

@@ -316,7 +316,7 @@ def test_a_limit_that_allows_nothing_or_has_no_period_is_refused(tmp_path, value
     """``1 per 0 second`` used to be read as ``1 per 1 second`` without a word, ``0 per minute`` as
     a limit that refuses everything: both stop the app with the setting named, and an API key's
     own limit is refused the same way."""
-    from webapp.api.keys import KeyProblem, create_api_key
+    from webapp.openai_api.keys import KeyProblem, create_api_key
 
     with pytest.raises(ConfigError, match=rf"RLHF_LOGIN_RATE_LIMIT='{re.escape(value)}' \(create_app\(config\)\) "
                                           rf"is not a usable rate limit: .*{needle}"):

@@ -523,7 +523,7 @@ def test_a_chunked_body_over_the_limit_is_a_413_not_a_400(app):
     """A body without a Content-Length (Transfer-Encoding: chunked, as gunicorn passes it on) is
     measured too: over the limit it is a 413 (under /v1 in OpenAI's shape), not a truncated body
     that reads as broken JSON (400)."""
-    from webapp.api.keys import create_api_key
+    from webapp.openai_api.keys import create_api_key
 
     with app.app_context():
         key = create_api_key("chunked")[1]

@@ -1,4 +1,4 @@
-"""A/B statistics (webapp/experiments/stats.py, sample_stats.py), each checked against closed-form arithmetic done here
+"""A/B statistics (webapp/experiments/sequential_tests.py, sample_stats.py), each checked against closed-form arithmetic done here
 or against GrowthBook's published test results."""
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 from scipy import stats
 
 from webapp.experiments import sample_stats
-from webapp.experiments import stats as ab_stats
+from webapp.experiments import sequential_tests as ab_stats
 from webapp.experiments.sample_stats import (compare_means, compare_proportions, percentile, prob_beta_greater, t_mean,
                                              wilson)
-from webapp.experiments.stats import (ALPHA, Comparison, Estimate, RatioArm, always_valid_p, compare_ratio_arms,
+from webapp.experiments.sequential_tests import (ALPHA, Comparison, Estimate, RatioArm, always_valid_p, compare_ratio_arms,
                                       compare_ratio_to, cs_halfwidth, enough_data, ratio_arm, ratio_estimate,
                                       sequential_mde, sequential_rho, srm_check, users_needed)
 
@@ -53,7 +53,7 @@ def test_module_imports_only_stdlib_and_scientific_packages(module):
     names |= {node.module for node in ast.walk(tree)
               if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
     assert not any(isinstance(node, ast.ImportFrom) and node.level > 0 for node in ast.walk(tree))
-    roots = {name.split(".")[0] for name in names - {"webapp.experiments.stats"}}
+    roots = {name.split(".")[0] for name in names - {"webapp.experiments.sequential_tests"}}
     assert roots <= {"__future__", "math", "warnings", "collections", "dataclasses", "typing", "numpy", "scipy",
                      "statsmodels"}
 

@@ -18,12 +18,12 @@ import pytest
 from rlhf.generation import GenerationResult
 from tests.support.app import DATABASES, database_url_for, make_app
 from tests.support.paths import FIXTURES
-from webapp.api.completions import new_job
-from webapp.api.frontend_tasks import is_frontend_task
-from webapp.api.keys import create_api_key
-from webapp.api.params import completion_request
-from webapp.api.threads import store_completion
-from webapp.api.users import KeyInfo, api_user, external_user
+from webapp.openai_api.completions import new_job
+from webapp.openai_api.frontend_tasks import is_frontend_task
+from webapp.openai_api.keys import create_api_key
+from webapp.openai_api.params import completion_request
+from webapp.openai_api.threads import store_completion
+from webapp.openai_api.users import KeyInfo, api_user, external_user
 from webapp.core.extensions import db
 from webapp.core.identity import api_anon_id
 from webapp.core.models import AuditEvent, Comparison, Conversation, Feedback, Message, ModelVersion
@@ -73,7 +73,7 @@ def app(tmp_path, database_url):
 
 
 def replay(app, connection_headers: bool = True) -> int:
-    """Store each recorded chat completion as the /v1 API does (webapp.api.v1.chat_completions: the
+    """Store each recorded chat completion as the /v1 API does (webapp.openai_api.routes.chat_completions: the
     body parsed, the end user and ids from the headers, task requests answered and not stored); the
     number stored. ``connection_headers`` False: the requests as Open WebUI's default connection
     sends them, without the recorded connection headers."""

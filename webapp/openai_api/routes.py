@@ -15,13 +15,13 @@ from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, g, jsonify, request, stream_with_context
 
-from webapp.api import completions
-from webapp.api.errors import ApiError, api_error_response
-from webapp.api.errors import init_app as init_errors
-from webapp.api.frontend_tasks import is_frontend_task
-from webapp.api.keys import find_key, record_use
-from webapp.api.params import completion_request, header_text, json_object, text_value
-from webapp.api.users import KeyInfo, api_user, external_user
+from webapp.openai_api import completions
+from webapp.openai_api.errors import ApiError, api_error_response
+from webapp.openai_api.errors import init_app as init_errors
+from webapp.openai_api.frontend_tasks import is_frontend_task
+from webapp.openai_api.keys import find_key, record_use
+from webapp.openai_api.params import completion_request, header_text, json_object, text_value
+from webapp.openai_api.users import KeyInfo, api_user, external_user
 from webapp.core.extensions import csrf, db
 from webapp.core.identity import mark_stateless
 from webapp.core.models import Conversation, Message, ModelVersion

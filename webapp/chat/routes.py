@@ -19,7 +19,7 @@ from werkzeug.exceptions import BadRequest, NotFound, ServiceUnavailable
 
 from rlhf.generation import (GenerationResult, InferenceServerError, LoadedModel, generate_chat, generate_chats,
                              stream_chat)
-from rlhf.safety import Block, GuardedStream, guard_result
+from rlhf.safety import Block, RailedStream, railed_result
 
 from webapp.chat.conversations import (add_question, answerer_dict, comparison_dict, conversation_summary,
                                        message_dict, own_answer_of_visitor, own_conversation, own_message,
@@ -143,7 +143,7 @@ def _answer(user_msg: Message, route: Route, loaded: LoadedModel, stream: bool, 
 
     if not stream:
         try:
-            outcome = guard_result(rail, messages, generate_chat(loaded, messages, settings),
+            outcome = railed_result(rail, messages, generate_chat(loaded, messages, settings),
                                    lambda: generate_chat(loaded, messages, settings))
         except Exception as exc:
             current_app.logger.exception("generation failed")
@@ -154,7 +154,7 @@ def _answer(user_msg: Message, route: Route, loaded: LoadedModel, stream: bool, 
                        assistant_message=message_dict(answer, reveal=reveal)), 201
 
     # the rail releases text only once it is safe, and replaces a blocked answer ("rail" event)
-    guarded = GuardedStream(rail, messages, lambda: stream_chat(loaded, messages, settings))
+    guarded = RailedStream(rail, messages, lambda: stream_chat(loaded, messages, settings))
 
     def events() -> Iterator[str]:
         finished = False
@@ -341,8 +341,8 @@ def compare(conversation_id: int):
         # both at once: one batch when both sides are the same model, two workers side by side otherwise
         result_a, result_b = generate_chats([(model_a, messages), (model_b, messages)], settings)
         # a blocked side is regenerated alone (or refused), as the rail's settings say
-        outcome_a = guard_result(rail_a, messages, result_a, lambda: generate_chat(model_a, messages, settings))
-        outcome_b = guard_result(rail_b, messages, result_b, lambda: generate_chat(model_b, messages, settings))
+        outcome_a = railed_result(rail_a, messages, result_a, lambda: generate_chat(model_a, messages, settings))
+        outcome_b = railed_result(rail_b, messages, result_b, lambda: generate_chat(model_b, messages, settings))
     except Exception as exc:
         current_app.logger.exception("generation failed")
         db.session.rollback()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.webapp.api.test_v1_api import MODEL, RICE, V1, stream_events, v1  # noqa: F401 (v1: a fixture)
-from webapp.api.frontend_tasks import is_frontend_task
+from tests.webapp.openai_api.test_v1_api import MODEL, RICE, V1, stream_events, v1  # noqa: F401 (v1: a fixture)
+from webapp.openai_api.frontend_tasks import is_frontend_task
 from webapp.core.extensions import db
 from webapp.core.models import ApiKey, Conversation, Message
 

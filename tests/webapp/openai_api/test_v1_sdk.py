@@ -13,7 +13,7 @@ from openai import OpenAI
 
 from tests.support.app import flask_cli, make_app, register_model
 from tests.support.live_server import live_instance
-from webapp.api.keys import create_api_key
+from webapp.openai_api.keys import create_api_key
 from webapp.core.extensions import db
 from webapp.core.models import Message
 

@@ -1,6 +1,6 @@
 """The /v1 API in process (Flask test client): request checking, who the end user is, completions
 stored as conversation turns, feedback by completion id, the rail, failures, keys and cookies.
-tests/webapp/api/test_v1_sdk.py drives a live server with the official ``openai`` package."""
+tests/webapp/openai_api/test_v1_sdk.py drives a live server with the official ``openai`` package."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import pytest
 
 from tests.support.app import ApiClient, flask_cli, login_admin, make_app, register_model
 from webapp.admin.auth import set_admin_password
-from webapp.api.keys import create_api_key, hash_key, key_named, revoke_api_key
-from webapp.api.users import anon_id_for
+from webapp.openai_api.keys import create_api_key, hash_key, key_named, revoke_api_key
+from webapp.openai_api.users import anon_id_for
 from webapp.core.extensions import db
 from webapp.core.identity import address_hash
 from webapp.core.models import (ApiKey, AuditEvent, Conversation, Feedback, Flag, IdentityOrigin, Message,
@@ -477,7 +477,7 @@ def test_no_model_that_can_serve_is_a_503(v1):
 def test_a_client_that_goes_away_mid_stream_stops_the_answer(v1, monkeypatch):
     """The worker is held after a few steps until the answer's cancel event is set (by the
     disconnect), so the answer cannot run to its end first: what is stored is what was sent."""
-    import webapp.api.completions as completions
+    import webapp.openai_api.completions as completions
 
     full = v1.complete(seed=0, temperature=1.0, top_p=1.0)
     assert full["usage"]["completion_tokens"] == 40

@@ -10,7 +10,7 @@ from typing import Any
 
 from flask import current_app, request
 
-from webapp.api.errors import ApiError
+from webapp.openai_api.errors import ApiError
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 4

@@ -20,11 +20,11 @@ from flask import current_app
 
 from rlhf.generation import GenerationResult, GenerationSettings, InferenceServerError, LoadedModel, fit_to_context
 from rlhf.generation import stream_prompt
-from rlhf.safety import GuardedStream, Rail, guard_result
+from rlhf.safety import RailedStream, Rail, railed_result
 
-from webapp.api.errors import ApiError, error_body
-from webapp.api.keys import record_use
-from webapp.api.threads import store_completion
+from webapp.openai_api.errors import ApiError, error_body
+from webapp.openai_api.keys import record_use
+from webapp.openai_api.threads import store_completion
 from webapp.core.extensions import db
 from webapp.serving.routing import Route
 
@@ -52,7 +52,7 @@ class Job:
 
     @property
     def continues(self) -> bool:
-        """The last message is an answer so far: the reply continues it (webapp.api.threads)."""
+        """The last message is an answer so far: the reply continues it (webapp.openai_api.threads)."""
         return self.messages[-1]["role"] == "assistant"
 
     def said(self, sent: str) -> str:
@@ -61,7 +61,7 @@ class Job:
 
 
 def _store(job: Job, route: Route, result: GenerationResult, blocks=()) -> None:
-    if job.frontend_task:  # answered, never stored (webapp.api.frontend_tasks): only the key's use counts
+    if job.frontend_task:  # answered, never stored (webapp.openai_api.frontend_tasks): only the key's use counts
         record_use(job.key_id)
         db.session.commit()
         return
@@ -92,7 +92,7 @@ def answer(job: Job, route: Route, loaded: LoadedModel, rail: Rail | None) -> di
     prompt = fit_to_context(loaded, list(job.messages), job.settings.max_new_tokens)
     db.session.commit()  # no read transaction (nor database connection) held while generating
     try:
-        outcome = guard_result(rail, job.messages, _whole(loaded, prompt, job), lambda: _whole(loaded, prompt, job))
+        outcome = railed_result(rail, job.messages, _whole(loaded, prompt, job), lambda: _whole(loaded, prompt, job))
     except Exception as exc:
         current_app.logger.exception("generation failed")
         raise ApiError(503, f"The model failed to answer ({type(exc).__name__}); please try again.") from exc
@@ -121,7 +121,7 @@ def stream(job: Job, route: Route, loaded: LoadedModel, rail: Rail | None) -> It
                        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
                        **usage_field})
 
-    guarded = GuardedStream(rail, job.messages, lambda: stream_prompt(loaded, prompt, job.settings,
+    guarded = RailedStream(rail, job.messages, lambda: stream_prompt(loaded, prompt, job.settings,
                                                                       extra_stops=job.stops, continues=job.continues),
                             can_retract=False)
     sent: list[str] = []

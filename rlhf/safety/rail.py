@@ -1,11 +1,11 @@
-"""The rail around generation: whole answers (``guard_result``) and streamed ones (``GuardedStream``).
+"""The rail around generation: whole answers (``railed_result``) and streamed ones (``RailedStream``).
 
-A :class:`Rail` is the rules, the optional cost check and the :class:`Policy` (what to do with a
+A :class:`Rail` is the rules, the optional cost check and the :class:`RailPolicy` (what to do with a
 blocked answer): ``refuse`` replaces it with the refusal text; ``regenerate`` samples a new answer
 up to ``attempts`` times and refuses when every one is blocked. Each blocked answer becomes a
 :class:`Block` (reason, the text the model wrote, what was done), which the caller stores.
 
-``GuardedStream`` yields ``("token", {"text": ...})`` for text the checker released and
+``RailedStream`` yields ``("token", {"text": ...})`` for text the checker released and
 ``("rail", {"type": "rail", "action": "regenerating" | "refused", "text": ...})`` when a blocked answer's
 bubble must be replaced (emptied for the next attempt, or the refusal). The blocked text itself is
 never yielded. Without a rail it passes the chunks straight through.
@@ -26,7 +26,7 @@ DEFAULT_REFUSAL = "Sorry, I can't share that answer."
 
 
 @dataclass(frozen=True)
-class Policy:
+class RailPolicy:
     action: str = "refuse"
     attempts: int = 2  # new answers sampled before refusing (action "regenerate")
     refusal: str = DEFAULT_REFUSAL
@@ -35,7 +35,7 @@ class Policy:
 @dataclass(frozen=True)
 class Rail:
     rules: tuple[Rule, ...]
-    policy: Policy = field(default_factory=Policy)
+    policy: RailPolicy = field(default_factory=RailPolicy)
     risk: RiskFn | None = None
     threshold: float = 0.9
     risk_every: int = 24  # chunks between cost checks when no sentence ends
@@ -78,7 +78,7 @@ def _refusal(rail: Rail, tokens: int, latency_ms: float, first_token_ms: float |
                             first_token_ms=first_token_ms, stopped=False, finish_reason="rail")
 
 
-def guard_result(rail: Rail | None, history: Sequence[dict[str, str]], first: GenerationResult,
+def railed_result(rail: Rail | None, history: Sequence[dict[str, str]], first: GenerationResult,
                  again: Callable[[], GenerationResult]) -> Outcome:
     """A whole answer through the rail: ``first`` if it is safe, else (regenerate) the first safe
     one of up to ``attempts`` new answers from ``again``, else the refusal. Token counts and
@@ -102,7 +102,7 @@ def guard_result(rail: Rail | None, history: Sequence[dict[str, str]], first: Ge
         result = again()
 
 
-class GuardedStream:
+class RailedStream:
     """A streamed answer through the rail (see the module doc). ``start()`` begins one answer and
     returns a stream handle (``chunks``, ``result``: rlhf.generation.StreamHandle). After the
     iteration (or ``close``), ``outcome`` holds the result whose text is what the client was sent.
