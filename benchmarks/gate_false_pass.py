@@ -388,6 +388,17 @@ def rule_passes(row: dict[str, Any], stat: str, min_margin: float, flat_p: float
     return simes([p] + ([judge_p] if trusted else [])) < alpha
 
 
+def shipped_passes(row: dict[str, Any], t: GateThresholds = GateThresholds()) -> bool:
+    """The shipped rule's verdict on ``row``'s stored evidence, through the gate's own functions (a run
+    recorded under other thresholds is judged again by the current ones)."""
+    if "margins" not in row:
+        return False
+    h = heldout_summary(row["margins"], t.min_margin, t.alpha)
+    j = row["judge"]
+    judge = {**j, **paired_gain([0.0] * len(row["judge_diffs"]), row["judge_diffs"], 1, t.min_reward_gain)}
+    return not evidence_reasons(h, judge, t)
+
+
 def _rate(k: int, n: int) -> str:
     if not n:
         return "–"
@@ -414,7 +425,7 @@ def analyse(rows: list[dict[str, Any]], grid: bool = True) -> tuple[str, dict[st
             if not rs:
                 continue
             ev = [r for r in rs if "margins" in r]
-            old, new = sum(r["old"] for r in ev), sum(r["new"] for r in ev)
+            old, new = sum(r["old"] for r in ev), sum(shipped_passes(r) for r in ev)
             truth = [r["truth"] for r in ev if r.get("truth")]
             better, worse = sum(t["better"] for t in truth), sum(t["worse"] for t in truth)
             lines.append(f"| {shape} | {label} ({len({r['candidate'] for r in ev})} distinct) | {len(ev)} | "

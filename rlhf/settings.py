@@ -161,28 +161,27 @@ class GateThresholds:
     min_heldout_pairs: int = knob(8, "fewest held-out preference pairs the gate judges on; with fewer it says "
                                   "\"not enough evidence\" and the candidate is not passed", low=1)
     alpha: float = knob(0.05, "significance level of the gate's evidence: the one-sided p-values of the held-out "
-                        "pairs' effect (mean margin above min_margin) and of the judge's gain (when the judge "
-                        "counts), combined by Simes' test, must fall below it, and neither may show a decline (the "
-                        "pairs' sign test, the judge's signed-rank test) at this level", above=0.0, high=1.0)
-    min_margin: float = knob(0.5, "the held-out pairs count as evidence of an improvement only when the candidate's "
+                        "pairs' effect (mean margin above min_margin) and of the judge's gain (above "
+                        "min_reward_gain, when the judge counts), combined by Simes' test, must fall below it, and "
+                        "neither may show a decline (the pairs' sign test, the judge's signed-rank test) at this "
+                        "level", above=0.0, high=1.0)
+    min_margin: float = knob(0.75, "the held-out pairs count as evidence of an improvement only when the candidate's "
                              "mean implicit reward margin over them (nats, candidate vs parent) is above this with "
                              "one-sided 1 - alpha confidence (Student's t lower bound): a consistent but tiny shift is "
-                             "no improvement. Chosen on flat candidates (benchmarks/gate_false_pass.py; "
-                             "docs/training.md, \"The evaluation gate\")", low=0.0)
-    judge_flat_p: float = knob(0.05, "a trusted judge whose one-sided p-value for a gain is at least this says "
-                               "\"flat\", and then the held-out pairs alone cannot pass the candidate (alpha: a "
-                               "trusted judge must find the gain itself; 1: the judge never vetoes)",
-                               above=0.0, high=1.0)
-    combine: str = knob("simes", "how the two instruments make one verdict when the judge is trusted: `simes`: "
-                        "either may carry it (their p-values combined by Simes' test below alpha); `both`: each must "
-                        "show the improvement below alpha on its own (an intersection-union test). Without a trusted "
-                        "judge the held-out pairs decide alone either way", choices=("simes", "both"))
+                             "no improvement. 0.75: the candidate makes the preferred answer about twice as likely "
+                             "(e^0.75), relative to the other, as its parent does. Chosen on flat candidates "
+                             "(benchmarks/gate_false_pass.py; docs/training.md, \"The evaluation gate\")", low=0.0)
+    judge_flat_p: float = knob(0.5, "a trusted judge whose one-sided p-value for any gain (above 0) is at least this "
+                               "says \"flat or worse\", and then the held-out pairs alone cannot pass the candidate "
+                               "(0.5: its evidence leans to no gain; 1: the judge never vetoes)", above=0.0, high=1.0)
     evidence: str = knob("required", "`required`: the held-out evidence decides; `reported`: it is computed and shown "
                          "but only the KL and degeneration checks decide (development and tests on models too "
                          "small to learn; the run page says so)", choices=("required", "reported"))
-    min_reward_gain: float = knob(0.0, "judge reward model (trained on held-out pairs, never optimized against): "
-                                  "its gain, candidate minus parent mean reward, must exceed this significantly to "
-                                  "count as evidence")
+    min_reward_gain: float = knob(0.2, "judge reward model (trained on held-out pairs, never optimized against): "
+                                  "its gain, candidate minus parent reward per prompt, must exceed this significantly "
+                                  "(signed-rank test) to count as evidence of an improvement. The judge is a "
+                                  "Bradley-Terry model, so 0.2 means it prefers the candidate's answer about 55 % of "
+                                  "the time (sigmoid 0.2); chosen on flat candidates (benchmarks/gate_false_pass.py)")
     max_kl: float = knob(25.0, "largest KL from the parent, in nats per answer, on the candidate's own samples",
                          above=0.0)
     max_empty_rate: float = knob(0.1, "largest share of empty answers", low=0.0, high=1.0)

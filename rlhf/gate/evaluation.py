@@ -224,7 +224,7 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
             # which evidence carried the verdict, with the effect and its bound, in words (the run page)
             "decided_by": decided_by(heldout, judge, thresholds),
             "heldout": {**heldout, "alpha": thresholds.alpha, "min_pairs": thresholds.min_heldout_pairs},
-            "judge": judge, "evidence_p": evidence_p(heldout, judge, thresholds.combine),
+            "judge": judge, "evidence_p": evidence_p(heldout, judge),
             # the run's own reward model: PPO/RLOO optimized against it, so its gain is reported, never decides
             "reward_gain": round(gain, 4),
             # the run's criterion heads (rlhf.reward.criteria_heads): mean score per criterion, predicted flag rate

@@ -161,13 +161,14 @@ def paired_gain(parent: list[float], candidate: list[float], per_prompt: int, mi
     """The judge's gain, candidate minus parent, averaged per prompt first (both answered each
     prompt with the same sampling noise, so the differences are paired; a prompt's samples are not
     independent of each other), with one-sided Wilcoxon signed-rank p-values for "gain above
-    ``min_gain``" (``p_value``) and "gain below 0" (``p_worse``). Signed ranks assume no normal
+    ``min_gain``" (``p_value``: the evidence of an improvement), "any gain, above 0" (``p_any_gain``:
+    whether the judge says flat) and "gain below 0" (``p_worse``). Signed ranks assume no normal
     scores and cannot reach a small p-value on a handful of prompts (six that all gain: 0.016)."""
     diffs = [sum(candidate[i:i + per_prompt]) / per_prompt - sum(parent[i:i + per_prompt]) / per_prompt
              for i in range(0, len(parent), per_prompt)]
-    return {"gain": round(sum(diffs) / len(diffs), 4), "prompts": len(diffs),
+    return {"gain": round(sum(diffs) / len(diffs), 4), "prompts": len(diffs), "min_gain": min_gain,
             "p_value": _signed_rank_p([d - min_gain for d in diffs], "greater"),
-            "p_worse": _signed_rank_p(diffs, "less")}
+            "p_any_gain": _signed_rank_p(diffs, "greater"), "p_worse": _signed_rank_p(diffs, "less")}
 
 
 def _signed_rank_p(values: list[float], alternative: str) -> float:

@@ -8,12 +8,14 @@ Two instruments, neither optimized against (rlhf.gate.instruments):
   vouches for an improvement: it counts the direction of every margin however small, and passed
   candidates no better than their parent (benchmarks/gate_false_pass.py);
 * a **trusted judge** (a reward model trained on the held-out pairs alone, shown to rank pairs it
-  never saw better than a coin): its per-prompt gain, signed-rank test.
+  never saw better than a coin) counts only above a minimum effect too: its per-prompt gain must
+  exceed ``min_reward_gain`` (signed-rank test).
 
 The candidate's evidence says "better" when the counted instruments' one-sided p-values, combined
 by Simes' test, fall below ``alpha``, neither shows a decline at ``alpha``, and a trusted judge does
-not say "flat" (its p-value for a gain at least ``judge_flat_p``): the pairs alone cannot outvote
-a judge that looked at the candidate's own answers and found nothing.
+not say "flat or worse" (its p-value for any gain at least ``judge_flat_p``): the pairs alone cannot
+outvote a judge that looked at the candidate's own answers and found nothing. The thresholds were
+chosen on flat candidates (benchmarks/gate_false_pass.py, docs/training.md).
 """
 from __future__ import annotations
 
@@ -45,17 +47,16 @@ def _pairs_p(heldout: dict[str, Any]) -> float:
     return heldout["effect_p"]
 
 
-def evidence_p(heldout: dict[str, Any], judge: dict[str, Any] | None, combine: str = "simes") -> float:
-    """The combined p-value of the instruments that count: the held-out pairs' effect (mean margin
-    above the minimum), and the judge's gain when the judge is trusted; by Simes' test, or (``both``)
-    the larger of the two (the intersection-union test: each must be below alpha)."""
-    ps = [_pairs_p(heldout)] + ([judge["p_value"]] if counted(judge) else [])
-    return four_digits(max(ps) if combine == "both" else simes(ps))
+def evidence_p(heldout: dict[str, Any], judge: dict[str, Any] | None) -> float:
+    """The combined (Simes) p-value of the instruments that count: the held-out pairs' effect (mean
+    margin above the minimum), and the judge's gain above its minimum when the judge is trusted."""
+    return four_digits(simes([_pairs_p(heldout)] + ([judge["p_value"]] if counted(judge) else [])))
 
 
 def judge_says_flat(judge: dict[str, Any] | None, t: GateThresholds) -> bool:
-    """A trusted judge whose one-sided p-value for a gain is at least ``judge_flat_p``."""
-    return counted(judge) and judge["p_value"] >= t.judge_flat_p
+    """A trusted judge whose one-sided p-value for any gain (above 0) is at least ``judge_flat_p``:
+    its evidence leans to no gain or a loss."""
+    return counted(judge) and judge.get("p_any_gain", judge["p_value"]) >= t.judge_flat_p
 
 
 def _confidence(t: GateThresholds) -> str:
@@ -79,7 +80,8 @@ def _effect_words(h: dict[str, Any], t: GateThresholds) -> str:
 def _judge_words(j: dict[str, Any] | None) -> str:
     if j is None:
         return "judge: none"
-    words = f"judge gain {j['gain']:.3f} over {j['prompts']} prompts, p = {j['p_value']:.3g}"
+    above = f" above {j['min_gain']:g}" if j.get("min_gain") else ""
+    words = f"judge gain {j['gain']:.3f} over {j['prompts']} prompts, p{above} = {j['p_value']:.3g}"
     if not j.get("trusted"):
         accuracy = "unknown" if j.get("accuracy") is None else \
             f"{j['accuracy']:.0%} on {j['accuracy_pairs']} pairs it never saw, p = {j['trust_p']:.3g}"
@@ -101,16 +103,17 @@ def evidence_reasons(heldout: dict[str, Any], judge: dict[str, Any] | None, t: G
         worse.append(f"the judge says worse: gain {judge['gain']:.3f}, p(worse) = {judge['p_worse']:.3g} < {t.alpha}")
     if worse:
         return worse
-    combined = evidence_p(heldout, judge, t.combine)
+    combined = evidence_p(heldout, judge)
     if judge_says_flat(judge, t):
-        return [f"the judge finds no gain ({_judge_words(judge)}, not below {t.judge_flat_p}): the held-out pairs "
+        return [f"the judge finds no gain ({_judge_words(judge)}; p of any gain = "
+                f"{judge.get('p_any_gain', judge['p_value']):.3g}, not below {t.judge_flat_p}): the held-out pairs "
                 f"alone cannot pass a candidate a trusted judge calls flat ({_heldout_words(heldout)}; "
                 f"{_effect_words(heldout, t)})"]
     if combined < t.alpha:
         return []
-    how = "both must show it: the larger p" if t.combine == "both" and counted(judge) else "combined (Simes) p"
     return [f"no held-out evidence of an improvement of the size the gate needs: {_heldout_words(heldout)}; "
-            f"{_effect_words(heldout, t)}; {_judge_words(judge)}; {how} = {combined:.3g}, not below {t.alpha}"]
+            f"{_effect_words(heldout, t)}; {_judge_words(judge)}; combined (Simes) p = {combined:.3g}, not below "
+            f"{t.alpha}"]
 
 
 def judged_by(heldout: dict[str, Any], judge: dict[str, Any] | None, t: GateThresholds) -> list[str]:
@@ -125,12 +128,12 @@ def judged_by(heldout: dict[str, Any], judge: dict[str, Any] | None, t: GateThre
            f"{t.min_margin:g} nats with {_confidence(t)} confidence; sign test for a decline)"]
     if judge is not None:
         trained = f" trained on {judge['trained_on_pairs']} held-out pairs" if judge.get("trained_on_pairs") else ""
-        out.append(f"judge reward model{trained} (signed-rank test of its gain over {judge['prompts']} prompts; "
-                   f"when it finds no gain, p >= {t.judge_flat_p:g}, the pairs alone cannot pass)"
+        out.append(f"judge reward model{trained} (signed-rank test of its gain above {t.min_reward_gain:g} over "
+                   f"{judge['prompts']} prompts; when it finds no gain, p >= {t.judge_flat_p:g}, the pairs alone "
+                   f"cannot pass)"
                    if judge.get("trusted") else
                    f"judge reward model{trained}: reported, not counted (its accuracy is not shown to beat chance)")
-    combined = ("each must show the improvement" if t.combine == "both" else "both combined by Simes' test") \
-        if counted(judge) else "alone"
+    combined = "both combined by Simes' test" if counted(judge) else "alone"
     return out + [f"{combined} at alpha {t.alpha}; KL from the parent and degeneration checks"]
 
 
@@ -150,7 +153,8 @@ def _judge_sentence(j: dict[str, Any] | None, t: GateThresholds) -> str:
         return "no judge was trained"
     if not j.get("trusted"):
         return "the judge was not counted (its accuracy on pairs it never saw is not shown to beat chance)"
-    found = "a gain" if j["p_value"] < t.alpha else "no significant gain"
+    found = f"a gain above {t.min_reward_gain:g}" if j["p_value"] < t.alpha else \
+        f"no significant gain above {t.min_reward_gain:g}"
     return (f"the judge scored the candidate's own answers {j['gain']:+.3f} against the parent's over "
             f"{j['prompts']} prompts: {found} (p = {j['p_value']:.2g})")
 
@@ -172,8 +176,6 @@ def decided_by(heldout: dict[str, Any], judge: dict[str, Any] | None, t: GateThr
             lead = "Worse"
         elif judge_says_flat(judge, t):
             lead = "Not shown better: the trusted judge found no gain, and the pairs alone cannot outvote it"
-        elif t.combine == "both" and counted(judge) and judge["p_value"] >= t.alpha:
-            lead = "Not shown better: the trusted judge did not find the gain, and both instruments must"
         else:
             lead = "Not shown better"
         return {"by": [], "better": False, "words": f"{lead}: {pairs}; {judge_}."}

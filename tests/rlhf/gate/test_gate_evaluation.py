@@ -114,7 +114,7 @@ def test_held_out_preferences_favour_a_candidate_trained_on_agreeing_pairs(micro
     assert h["ci95"][0] > 0.5
     assert h["margin_low"] > t.min_margin and h["effect_p"] < 0.025  # the size of the move, not only its direction
     assert result["judged_by"][0].startswith("held-out preferences: implicit reward margin vs the parent on 24 pairs")
-    if judge["trusted"] and judge["p_value"] >= t.judge_flat_p:  # the judge saw no gain in the candidate's answers
+    if judge["trusted"] and judge["p_any_gain"] >= t.judge_flat_p:  # the judge saw no gain in the candidate's answers
         assert not result["passed"] and result["reasons"][0].startswith("the judge finds no gain")
     else:
         assert result["passed"] and result["reasons"] == []
@@ -138,10 +138,11 @@ def test_gate_does_not_pass_a_copy_of_the_parent(micro_model_dir, reward_dir, tm
     assert judge["trusted"] and judge["gain"] == 0.0 and judge["p_value"] == 1.0
     assert same["reward_gain"] == 0.0 and same["kl_from_parent"] == 0.0
     assert same["evidence_p"] == 1.0 and same["reasons"] == [
-        "the judge finds no gain (judge gain 0.000 over 8 prompts, p = 1, not below 0.05): the held-out pairs alone "
+        "the judge finds no gain (judge gain 0.000 over 8 prompts, p above 0.2 = 1; p of any gain = 1, not below 0.5): "
+        "the held-out pairs alone "
         "cannot pass a candidate a trusted judge calls flat (held-out preferences: the candidate favours the chosen "
         "answer more than the parent on 0 of 16 pairs (0 less, 16 tied; no pair separates them), sign test p = 1; "
-        "mean margin 0 nats, at least 0 with 95% confidence (the gate needs more than 0.5), p = 1)"]
+        "mean margin 0 nats, at least 0 with 95% confidence (the gate needs more than 0.75), p = 1)"]
     assert same["decided_by"]["better"] is False and same["decided_by"]["by"] == []
 
 

@@ -1,6 +1,7 @@
 """The gate's verdict on its held-out evidence (rlhf.gate.verdict): the held-out pairs count only
-above a minimum effect, a trusted judge that finds no gain cannot be outvoted by them, and the
-words say which evidence carried the verdict. Pure functions of the evidence: no model."""
+above a minimum effect, so does the judge's gain, a trusted judge that finds no gain cannot be
+outvoted by the pairs, and the words say which evidence carried the verdict. Pure functions of the
+evidence: no model."""
 from __future__ import annotations
 
 import random
@@ -21,8 +22,10 @@ def noisy(mean: float, sd: float, n: int, seed: int = 0) -> list[float]:
 
 
 def trusted_judge(p_value: float, gain: float, p_worse: float = 0.9) -> dict:
+    """A trusted judge's numbers; ``p_value`` both for a gain above the minimum and for any gain."""
     return {"trained_on_pairs": 40, "accuracy": 0.9, "accuracy_pairs": 60, **judge_trust(0.9, 60, T.alpha),
-            "gain": gain, "prompts": 18, "p_value": p_value, "p_worse": p_worse}
+            "gain": gain, "prompts": 18, "min_gain": T.min_reward_gain, "p_value": p_value, "p_any_gain": p_value,
+            "p_worse": p_worse}
 
 
 def test_the_effect_is_the_mean_margin_with_its_one_sided_t_bound():
@@ -58,11 +61,12 @@ def test_many_pairs_with_tiny_margins_the_right_way_do_not_pass():
 def test_a_trusted_judge_that_finds_no_gain_cannot_be_outvoted_by_the_pairs():
     """Held-out pairs 18 of 21 with a clear effect and a trusted judge at p = 0.70: flat."""
     h = heldout_summary(noisy(1.6, 0.9, 21, seed=2), T.min_margin, T.alpha)
-    assert h["effect_p"] < 0.001  # the pairs alone would pass: Simes of 0.001 and 0.70 is 0.002
+    assert h["effect_p"] < 0.01  # the pairs alone would pass: Simes of 0.006 and 0.70 is 0.012
     flat = trusted_judge(0.70, 0.038, p_worse=0.3)
     assert evidence_p(h, flat) < T.alpha
     [reason] = evidence_reasons(h, flat, T)
-    assert reason.startswith("the judge finds no gain (judge gain 0.038 over 18 prompts, p = 0.7, not below 0.05)")
+    assert reason.startswith("the judge finds no gain (judge gain 0.038 over 18 prompts, p above 0.2 = 0.7; p of any "
+                             "gain = 0.7, not below 0.5)")
     assert "the held-out pairs alone cannot pass a candidate a trusted judge calls flat" in reason
     # a judge that agrees, or one that does not count, leaves the pairs their say
     assert evidence_reasons(h, trusted_judge(0.01, 0.4), T) == []
@@ -89,6 +93,21 @@ def test_either_instrument_may_carry_and_a_decline_on_either_blocks():
     assert simes([0.0461, 0.0333]) == 0.0461 and simes([0.3]) == 0.3
 
 
+def test_the_judge_counts_only_above_its_minimum_gain():
+    """A judge that prefers the candidate's answers by a hair on every prompt (+0.05 to +0.08 reward, a 51-52 %
+    preference) has a tiny p-value for "any gain" (the rule before passed on it alone) but is no
+    evidence of an improvement; the same judge at +0.9 carries the verdict. Neither says flat."""
+    pairs = heldout_summary(noisy(0.0, 1.0, 30, seed=5), T.min_margin, T.alpha)
+    base = {"trained_on_pairs": 40, "accuracy": 0.9, "accuracy_pairs": 60, **judge_trust(0.9, 60, T.alpha)}
+    hair = {**base, **paired_gain([0.0] * 18, [0.05 + 0.01 * (i % 4) for i in range(18)], 1, T.min_reward_gain)}
+    assert hair["p_any_gain"] < 1e-4 and hair["p_value"] > 0.99 and hair["min_gain"] == T.min_reward_gain
+    [reason] = evidence_reasons(pairs, hair, T)
+    assert reason.startswith("no held-out evidence of an improvement of the size the gate needs")
+    assert "judge gain 0.064 over 18 prompts, p above 0.2 = 1;" in reason
+    clear = {**base, **paired_gain([0.0] * 18, [0.9 + 0.01 * (i % 4) for i in range(18)], 1, T.min_reward_gain)}
+    assert evidence_reasons(pairs, clear, T) == [] and decided_by(pairs, clear, T)["by"] == ["judge"]
+
+
 def test_the_words_say_which_evidence_carried_the_verdict_with_the_effect_and_its_bound():
     h = heldout_summary([1.2, 0.9, 1.8, 0.7, 1.1, 1.5, 0.6, 1.3, 1.0, 1.4, 0.8, 1.6], T.min_margin, T.alpha)
     out = decided_by(h, None, T)
@@ -96,26 +115,26 @@ def test_the_words_say_which_evidence_carried_the_verdict_with_the_effect_and_it
     assert out["words"].startswith("Better, carried by the held-out pairs: on 12 held-out pairs the candidate moved "
                                    f"towards the answer people preferred by {h['mean_margin']:.2f} nats on average "
                                    f"(12 of 12 pairs the right way); with 95% confidence at least "
-                                   f"{h['margin_low']:.2f}, above the 0.5 the gate needs")
+                                   f"{h['margin_low']:.2f}, above the 0.75 the gate needs")
     both = decided_by(h, trusted_judge(0.003, 0.41), T)
     assert both["by"] == ["held-out pairs", "judge"] and "the judge scored the candidate's own answers +0.410" in \
-        both["words"] and "a gain (p = 0.003)" in both["words"]
+        both["words"] and "a gain above 0.2 (p = 0.003)" in both["words"]
     tiny = heldout_summary([0.2] * 18 + [-0.1] * 3, T.min_margin, T.alpha)
     out = decided_by(tiny, trusted_judge(0.70, 0.038, p_worse=0.3), T)
     assert out["better"] is False and out["by"] == []
     assert out["words"].startswith("Not shown better: the trusted judge found no gain, and the pairs alone cannot "
                                    "outvote it: on 21 held-out pairs the candidate moved towards the answer people "
                                    "preferred by 0.16 nats on average (18 of 21 pairs the right way)")
-    assert "not above the 0.5 the gate needs" in out["words"]
+    assert "not above the 0.75 the gate needs" in out["words"]
     assert judged_by(h, None, T)[0] == ("held-out preferences: implicit reward margin vs the parent on 12 pairs "
-                                        "(mean margin above 0.5 nats with 95% confidence; sign test for a decline)")
+                                        "(mean margin above 0.75 nats with 95% confidence; sign test for a decline)")
     reported = GateThresholds(evidence="reported")
     assert decided_by(h, None, reported)["better"] is None
 
 
 def test_the_thresholds_are_named_settings_and_checked():
     gate = CycleSettings().gate
-    assert (gate.min_margin, gate.judge_flat_p) == (T.min_margin, T.judge_flat_p)
+    assert (gate.min_margin, gate.judge_flat_p, gate.min_reward_gain) == (0.75, 0.5, 0.2)  # docs/training.md
     with pytest.raises(ValueError, match="min_margin"):
         CycleSettings(gate=GateThresholds(min_margin=-1.0)).validate()
     with pytest.raises(ValueError, match="judge_flat_p"):

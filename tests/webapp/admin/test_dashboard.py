@@ -488,16 +488,16 @@ def test_run_page_says_which_evidence_carried_the_verdict_with_the_effect_and_it
     low = runs[0]["heldout"]["margin_low"]
     assert carried.startswith("<b>What carried it:</b> Better, carried by the held-out pairs: on 12 held-out pairs "
                               "the candidate moved towards the answer people preferred by 1.16 nats on average (12 of "
-                              f"12 pairs the right way); with 95% confidence at least {low:.2f}, above the 0.5 the "
+                              f"12 pairs the right way); with 95% confidence at least {low:.2f}, above the 0.75 the "
                               "gate needs")
     effect = html.split('data-evidence="heldout-effect">')[1].split("</tr>")[0]
-    assert f"1.158 nats, at least {low:.3f} (the gate needs more than 0.5)" in effect
+    assert f"1.158 nats, at least {low:.3f} (the gate needs more than 0.75)" in effect
     html = admin.get(f"/admin/runs/{ids[1]}").get_data(as_text=True)
     why = html.split('data-testid="gate-decided-by">')[1].split("</p>")[0]
     assert why.startswith("<b>Why not:</b> Not shown better: the trusted judge found no gain, and the pairs alone "
                           "cannot outvote it: on 21 held-out pairs the candidate moved towards the answer people "
                           "preferred by 0.16 nats on average (18 of 21 pairs the right way)")
-    assert "not above the 0.5 the gate needs; the judge scored the candidate&#39;s own answers +0.038" in why
+    assert "not above the 0.75 the gate needs; the judge scored the candidate&#39;s own answers +0.038" in why
     assert admin.get(f"/api/admin/runs/{ids[1]}").get_json()["gate"]["better"] is False
 
 
