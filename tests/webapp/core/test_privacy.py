@@ -112,11 +112,11 @@ def records_seen_by_a_training_run(app, monkeypatch) -> list:
 
     seen = []
 
-    def capture(records, data_settings):
+    def capture(records, settings, raters=None):
         seen.extend(records)
         raise NotEnoughData("captured")
 
-    monkeypatch.setattr(runner, "build_datasets", capture)
+    monkeypatch.setattr(runner, "prepare_cycle", capture)
     with app.app_context(), pytest.raises(RunRefused, match="captured"):
         runner.run_training(min_feedback=0)
     return seen
