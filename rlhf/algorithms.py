@@ -1,6 +1,8 @@
-"""The policy-training algorithms a cycle can run (rlhf.policy trains each with TRL).
+"""The names of the policy-training algorithms a cycle can run: the registry's lines.
 
-A module of its own so the web app and the CLI can offer the choice without importing torch.
+Each name is a module of rlhf.policy.algorithms that defines the algorithm (its settings' rules,
+sizing, cost, curves and trainer). The tuple lives apart, importing nothing, so the settings can
+offer the choice without importing the algorithms.
 """
 from __future__ import annotations
 

@@ -20,13 +20,13 @@ from rlhf.data.records import ConversationRecord
 from rlhf.gate.evaluation import evaluate_candidate
 from rlhf.models.adapters import is_adapter
 from rlhf.models.loading import load_causal_lm, resolve_device
-from rlhf.policy import train_dpo, train_iterative_dpo, train_kto, train_ppo, train_rloo
+from rlhf.policy.algorithms import PolicyJob, algorithm, check_settings, size_stages
 from rlhf.reward.training import train_reward_model
 from rlhf.settings import CycleSettings
 from rlhf.training import distributed
 from rlhf.training.curves import TrainingLogs
 from rlhf.trust import RaterInfo, trusted_bundle
-from rlhf.data.stage_sizing import DataSize, NotEnoughData, policy_prompts, size_stages  # noqa: F401 (NotEnoughData: part of the cycle's API)
+from rlhf.data.stage_sizing import DataSize, NotEnoughData, policy_prompts  # noqa: F401 (NotEnoughData: part of the cycle's API)
 from rlhf.progress import ProgressFn
 
 LogFn = Callable[[str], None]
@@ -59,11 +59,11 @@ def overall_progress(stage: str, done: int, total: int) -> float:
 
 
 def fit_to_data(settings: CycleSettings, bundle: DatasetBundle) -> tuple[CycleSettings, list[str]]:
-    """``settings`` with each stage sized to the data (rlhf.data.stage_sizing), and what changed.
-    Raises NotEnoughData when a stage cannot train on it."""
+    """``settings`` with each stage sized to the data (its algorithm's rules: rlhf.policy.algorithms),
+    and what changed. Raises NotEnoughData when a stage cannot train on it."""
     reward, policy, notes = size_stages(settings.algorithm, settings.reward, settings.policy, DataSize.of(bundle),
                                         settings.min_pairs, settings.min_prompts, distributed.world_size())
-    return replace(settings, reward=reward, policy=policy).validate(), notes
+    return check_settings(replace(settings, reward=reward, policy=policy)), notes
 
 
 def weigh_raters(bundle: DatasetBundle, settings: CycleSettings,
@@ -96,7 +96,7 @@ def prepare_cycle(conversations: list[ConversationRecord], settings: CycleSettin
     ``settings`` sized to them (``fit_to_data``). Raises NotEnoughData (before any training) if a
     stage could not use them."""
     t0 = time.perf_counter()
-    settings.validate()
+    check_settings(settings)
     bundle = weigh_raters(build_datasets(conversations, settings.data), settings, raters)
     sized, notes = fit_to_data(settings, bundle)
     return PreparedData(bundle, sized, tuple(notes), time.perf_counter() - t0)
@@ -270,21 +270,8 @@ def run_prepared(prepared: PreparedData, parent_dir: str | Path, reward_dir: str
     t0 = time.perf_counter()
     train_prompts = policy_prompts(bundle)
     algo = settings.algorithm
-    if algo == "ppo":
-        policy_metrics = train_ppo(parent_dir, reward_dir, train_prompts, policy_dir, settings.policy,
-                                   settings.device, report, logs, criteria=settings.criteria)
-    elif algo == "rloo":
-        policy_metrics = train_rloo(parent_dir, reward_dir, train_prompts, policy_dir, settings.policy,
-                                    settings.device, report, logs)
-    elif algo == "iterative_dpo":
-        policy_metrics = train_iterative_dpo(parent_dir, reward_dir, train_prompts, policy_dir, settings.policy,
-                                             settings.device, report, logs)
-    elif algo == "dpo":
-        policy_metrics = train_dpo(parent_dir, bundle.pairs["train"], policy_dir, settings.policy,
-                                   settings.device, report, logs)
-    else:
-        policy_metrics = train_kto(parent_dir, bundle.kto["train"], policy_dir, settings.policy,
-                                   settings.device, report, logs)
+    policy_metrics = algorithm(algo).train(PolicyJob(parent_dir, reward_dir, policy_dir, bundle, train_prompts,
+                                                     settings, report, logs))
     timings["policy"] = time.perf_counter() - t0
     peaks["policy"] = peak()
     say(f"policy ({algo}): " + str({k: v for k, v in policy_metrics.items() if k != "constraint"}))

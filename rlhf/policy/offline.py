@@ -38,8 +38,7 @@ def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: li
     """Shared run of TRL's offline preference trainers (DPO, KTO) on conversational rows:
     the parent (a frozen copy, or the adapter-free base with LoRA) is the reference."""
     quiet_trl()
-    # mini_batches is PPO's: a batch fitted to an odd handful of rows must not trip its rule
-    settings = replace(settings, mini_batches=1).validate()
+    settings.validate()
     dev = resolve_device(device)
     torch.manual_seed(settings.seed)
     policy, tokenizer = load_policy(policy_dir)

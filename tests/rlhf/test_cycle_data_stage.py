@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import rlhf.cycle
+import rlhf.policy.ppo
 from rlhf.cycle import PreparedData, prepare_cycle, run_prepared
 from rlhf.settings import CycleSettings
 from rlhf.sim.users import Behaviour, simulate_records
@@ -47,7 +48,7 @@ def test_run_prepared_trains_on_the_prepared_data_without_preparing_again(prepar
         return {"trained_on_pairs": 1, "questions": 1, "accuracy": 1.0, "accuracy_pairs": 1}
 
     monkeypatch.setattr(rlhf.cycle, "train_reward_model", reward)
-    monkeypatch.setattr(rlhf.cycle, "train_ppo", ppo)
+    monkeypatch.setattr(rlhf.policy.ppo, "train_ppo", ppo)  # the PPO algorithm's trainer (loaded when it trains)
     monkeypatch.setattr(rlhf.cycle, "train_judge", judge)
     monkeypatch.setattr(rlhf.cycle, "evaluate_candidate", lambda *a, **k: {"passed": False})
     monkeypatch.setattr(rlhf.cycle, "describe", lambda evaluation: "evaluate: stubbed")

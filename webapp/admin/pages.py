@@ -32,7 +32,7 @@ from webapp.experiments.metrics import default_experiment, experiment_metrics
 from webapp.experiments.promotion import Decision, decide, policy_from_config
 from webapp.serving.routing import serving_problems
 from webapp.training import scheduler
-from webapp.training.curves import STAGE_TITLES, run_curves
+from webapp.training.curves import STAGE_TITLES, policy_title, run_curves
 from webapp.training.records import feedback_events
 
 log = logging.getLogger("webapp.admin")
@@ -241,7 +241,7 @@ def run_detail(run_id: int):
                                  .where(TrainingRun.id != run.id).order_by(TrainingRun.id.desc()).limit(100)).all()
     return render_template("admin/run.html", run=run_dict(run, full=True), figures=curve_figures(data, other),
                            compare_id=other["run_id"] if other else None, compare_choices=choices,
-                           stage_titles={**STAGE_TITLES, "policy": f"Policy ({(run.algorithm or 'ppo').upper()})"},
+                           stage_titles={**STAGE_TITLES, "policy": policy_title(run.algorithm)},
                            has_curves=bool(data["series"]), settings_rows=run_settings(run.config),
                            trust=trust_section(run.feedback_counts))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhf.policy.algorithms import REGISTRY
 from rlhf.training.curves import read_curves, series
 
 from webapp.core.models import TrainingRun
@@ -18,49 +19,23 @@ def _chart(stage: str, title: str, metrics: list[str], labels: list[str] | None 
             "labels": labels or [""] * len(metrics), "percent": percent, "optional": optional}
 
 
-# TRL's own metric names (trl 1.12): RewardTrainer, experimental PPOTrainer, DPO/KTO/RLOO trainers.
+# TRL's own metric names (trl 1.12): the RewardTrainer's here, each policy trainer's with its algorithm.
 REWARD_CHARTS = [
     _chart("reward", "Loss", ["loss"]),
     _chart("reward", "Pairwise accuracy", ["accuracy"], percent=True),
     _chart("reward", "Margin (chosen − rejected reward)", ["margin"]),
 ]
 POLICY_CHARTS: dict[str, list[dict[str, Any]]] = {
-    "ppo": [
-        _chart("policy", "Score (reward model)", ["objective/scores"]),
-        _chart("policy", "RLHF reward (score − KL penalty)", ["objective/rlhf_reward"]),
-        _chart("policy", "KL from the reference", ["objective/kl"]),
-        _chart("policy", "Entropy", ["objective/entropy"]),
-        _chart("policy", "Policy loss", ["loss/policy_avg"]),
-        _chart("policy", "Value loss", ["loss/value_avg"]),
-        _chart("policy", "Clip fraction", ["policy/clipfrac_avg"], percent=True),
-        # the safety constraint (rlhf.reward.criteria_heads.CostConstraint), when the reward model has a safety head
-        _chart("policy", "Safety cost and its limit (the parent's)", ["safety/cost", "safety/cost_limit"],
-               ["mean cost", "limit"], optional=True),
-        _chart("policy", "Lagrange multiplier of the cost", ["safety/lambda"], optional=True),
-    ],
-    "dpo": [
-        _chart("policy", "Loss", ["loss"]),
-        _chart("policy", "Rewards: chosen and rejected", ["rewards/chosen", "rewards/rejected"], ["chosen", "rejected"]),
-        _chart("policy", "Reward margin", ["rewards/margins"]),
-        _chart("policy", "Reward accuracy", ["rewards/accuracies"], percent=True),
-    ],
-    "kto": [
-        _chart("policy", "Loss", ["loss"]),
-        _chart("policy", "Rewards: desirable and undesirable", ["rewards/chosen", "rewards/rejected"],
-               ["desirable", "undesirable"]),
-        _chart("policy", "Reward margin", ["rewards/margins"]),
-        _chart("policy", "KL estimate", ["kl"]),
-    ],
-    "rloo": [
-        _chart("policy", "Reward (reward model)", ["reward"]),
-        _chart("policy", "KL from the reference", ["kl"]),
-        _chart("policy", "Entropy", ["entropy"]),
-        _chart("policy", "Loss", ["loss"]),
-        _chart("policy", "Clip ratio", ["clip_ratio/region_mean"], percent=True),
-    ],
+    name: [_chart("policy", c.title, list(c.metrics), list(c.labels) or None, c.percent, c.optional) for c in algo.charts]
+    for name, algo in REGISTRY.items()  # each algorithm's own (rlhf.policy.algorithms)
 }
-POLICY_CHARTS["iterative_dpo"] = POLICY_CHARTS["dpo"]  # DPO on the parent's own answers, ranked by the reward model
 STAGE_TITLES = {"reward": "Reward model"}
+
+
+def policy_title(algorithm_name: str | None) -> str:
+    """The run page's title of the policy stage ("Policy (PPO)")."""
+    algo = REGISTRY.get(algorithm_name or "ppo")
+    return f"Policy ({algo.title if algo else (algorithm_name or '').upper()})"
 
 
 def charts_for(algorithm: str | None) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from rlhf.models import registry
 from rlhf.training.curves import CurvesFile, TrainingLogs
 from rlhf.cycle import CycleJob, CycleSettings, NotEnoughData, overall_progress, prepare_cycle, run_prepared
 from rlhf.data.stage_sizing import DataSize
+from rlhf.policy.algorithms import check_settings
 from rlhf.progress import ProgressFn
 from rlhf.trust import RaterInfo
 
@@ -55,7 +56,7 @@ def cycle_settings(algorithm: str | None = None, max_steps: int | None = None, l
         raise RunRefused("RLHF_TENSORBOARD=1 needs the tensorboard package, which is not installed "
                          "(pip install -e '.[tensorboard]', or set RLHF_TENSORBOARD=0)")
     try:
-        return settings.validate()
+        return check_settings(settings)
     except ValueError as exc:
         raise RunRefused(f"invalid setting: {exc}") from None
 

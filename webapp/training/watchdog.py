@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from flask import current_app
 
+from rlhf.policy.algorithms import algorithm  # light: each algorithm loads its trainer only to train
+
 if TYPE_CHECKING:  # the ML stack is imported by the run itself, not by the web app
     from rlhf.cycle import CycleSettings
     from rlhf.data.stage_sizing import DataSize
@@ -38,14 +40,7 @@ def auto_max_seconds(settings: CycleSettings, size: DataSize, parent_path: str |
     up for models above 10 M parameters. Generous on purpose: a cycle on the embedded model does
     about 700 units in ~1 minute on 2 idle cores; the limit only catches runs that will never end
     (a run that stops making progress is caught much sooner by the stall limit)."""
-    p = settings.policy
-    if settings.algorithm in ("ppo", "rloo"):
-        policy_units = min(p.episodes, p.max_steps * p.batch_size) if p.max_steps else p.episodes
-    elif settings.algorithm == "iterative_dpo":  # answers sampled per prompt, then DPO on the pairs
-        policy_units = size.policy_prompts * (p.samples_per_prompt + p.pairs_per_prompt * p.epochs)
-    else:
-        rows = size.train_pairs if settings.algorithm == "dpo" else size.kto_good + size.kto_bad
-        policy_units = rows * p.epochs
+    policy_units = algorithm(settings.algorithm).work_units(settings.policy, size)
     # reward pairs: the run's reward model (training pairs) and the gate's judge (held-out pairs)
     pairs = size.train_pairs + size.eval_pairs
     units = policy_units + pairs * settings.reward.epochs + settings.evaluation.max_prompts

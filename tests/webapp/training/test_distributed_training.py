@@ -206,7 +206,8 @@ def test_zero3_is_refused_before_anything_runs(instance, monkeypatch):
 
 
 def test_ppo_batch_is_sized_to_each_process_share_of_the_prompts():
-    from rlhf.data.stage_sizing import DataSize, NotEnoughData, size_stages
+    from rlhf.data.stage_sizing import DataSize, NotEnoughData
+    from rlhf.policy.algorithms import size_stages
     from rlhf.settings import PolicySettings, RewardSettings
 
     def size(prompts: int) -> DataSize:

@@ -180,7 +180,7 @@ def test_alternative_algorithm_and_hyperparameters_from_the_settings_file(instan
 
 
 def test_crash_midway_leaves_active_version_and_store_consistent(instance, monkeypatch):
-    import rlhf.cycle
+    import rlhf.policy.ppo
 
     seed_feedback(make_app(instance), 40)
 
@@ -189,7 +189,7 @@ def test_crash_midway_leaves_active_version_and_store_consistent(instance, monke
         (out_dir / "config.json").write_text("{}")  # half-written policy
         raise RuntimeError("killed mid-way")
 
-    monkeypatch.setattr(rlhf.cycle, "train_ppo", crash)
+    monkeypatch.setattr(rlhf.policy.ppo, "train_ppo", crash)  # what the PPO algorithm trains with
     result = cli("rl-train", "--min-feedback", "10")
     assert result.exit_code == 1 and "training run failed: RuntimeError: killed mid-way" in result.output
     runs, versions = state(instance)

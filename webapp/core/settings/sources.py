@@ -14,6 +14,8 @@ from typing import Any, Union, get_args, get_origin
 import click
 from flask import current_app
 
+from rlhf.policy.algorithms import check_settings
+
 from webapp.core.settings.fields import INSTALLED_FROM_WHEEL, ROOT, Settings
 from webapp.core.private_files import private_dir
 from webapp.core.settings.secret_key import is_published, secret_key
@@ -205,7 +207,7 @@ def resolve(overrides: dict[str, Any] | None = None) -> Resolved:
         if spec.name in values:
             training = _with_dotted(training, spec.name.split(".")[1:], values[spec.name])
     try:
-        training.validate()
+        check_settings(training)
     except ValueError as exc:
         where = sorted({sources[n] for n in sources if n.startswith("training.")}) or ["defaults"]
         raise ConfigError(f"training settings ({', '.join(where)}): {exc}") from None
