@@ -59,12 +59,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rlhf.sim.preferences import ZOO, rude  # noqa: E402
 from rlhf.sim.users import ApiUser, Behaviour, Interaction, SimulatedUser, first_model, prompt_set  # noqa: E402
-from tests.support.models import cached_model  # noqa: E402
 from tests.support.app import make_app, register_model  # noqa: E402
 from tests.support.live_server import LiveServer  # noqa: E402
-from webapp.experiments import sample_stats  # noqa: E402
+from tests.support.models import cached_model  # noqa: E402
 from webapp.core.extensions import db  # noqa: E402
 from webapp.core.models import AnswerScore, Experiment, Message, ModelVersion, TrainingRun  # noqa: E402
+from webapp.experiments import sample_stats  # noqa: E402
 from webapp.experiments.lifecycle import stop_experiment  # noqa: E402
 from webapp.experiments.promotion import policy_from_config  # noqa: E402
 
@@ -207,7 +207,7 @@ def stop_unconcluded(instance: Path, key: str) -> str:
             pass
         db.session.remove()
     done = concluded(instance, key)
-    return f"wait (no verdict from the monitor; stopped by the benchmark)" if not done or done[1] == "stopped" \
+    return "wait (no verdict from the monitor; stopped by the benchmark)" if not done or done[1] == "stopped" \
         else (done[2] or done[1])
 
 

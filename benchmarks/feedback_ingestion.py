@@ -380,10 +380,9 @@ def main() -> None:
         serve_minimal(int(args.serve_minimal[0]), args.serve_minimal[1], workers, threads)
         return
 
-    from tests.support.models import cached_model
-
     from tests.support.app import make_app, register_model
     from tests.support.live_server import LiveServer
+    from tests.support.models import cached_model
 
     folder = Path(tempfile.mkdtemp(prefix="bench-feedback-"))
     instance = folder / "instance"

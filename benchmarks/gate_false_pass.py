@@ -69,11 +69,18 @@ import torch  # noqa: E402
 
 from benchmarks.zoo_ablation import feedback, sample_answers  # noqa: E402
 from rlhf.cycle import evaluation_prompts, fit_to_data, heldout_evidence, prepare_data, train_judge  # noqa: E402
-from rlhf.data.records import ConversationRecord, MessageRecord  # noqa: E402
+from rlhf.data.records import ConversationRecord  # noqa: E402
 from rlhf.data.stage_sizing import NotEnoughData, policy_prompts  # noqa: E402
 from rlhf.gate.evaluation import _scores  # noqa: E402
-from rlhf.gate.instruments import (JUDGE_TIE, TIE_NATS, heldout_summary, judge_trust, pair_sequences, paired_gain,  # noqa: E402
-                                   sequence_logprobs)
+from rlhf.gate.instruments import (  # noqa: E402
+    JUDGE_TIE,
+    TIE_NATS,
+    heldout_summary,
+    judge_trust,
+    pair_sequences,
+    paired_gain,
+    sequence_logprobs,
+)
 from rlhf.gate.verdict import evidence_reasons, simes  # noqa: E402
 from rlhf.models import sampling  # noqa: E402
 from rlhf.models.loading import context_length, load_causal_lm  # noqa: E402

@@ -30,8 +30,7 @@ from benchmarks.stage_timing import preference_pairs, stage_result, time_side_by
 from rlhf.data import corpus  # noqa: E402
 from rlhf.policy import train_ppo  # noqa: E402
 from rlhf.reward.training import train_reward_model  # noqa: E402
-from rlhf.settings import PolicySettings  # noqa: E402
-from rlhf.settings import RewardSettings  # noqa: E402
+from rlhf.settings import PolicySettings, RewardSettings  # noqa: E402
 from tests.support.models import cached_model  # noqa: E402
 
 TARGET_RATIO = 1.05

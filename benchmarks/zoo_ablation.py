@@ -45,9 +45,9 @@ import torch  # noqa: E402
 from benchmarks.closed_loop import auc  # noqa: E402
 from rlhf.cycle import run_cycle  # noqa: E402
 from rlhf.data.records import ConversationRecord  # noqa: E402
+from rlhf.models import sampling  # noqa: E402
 from rlhf.models.chat_format import end_of_turn_token  # noqa: E402
 from rlhf.models.loading import load_causal_lm  # noqa: E402
-from rlhf.models import sampling  # noqa: E402
 from rlhf.reward.scoring import load_reward_model, score_texts  # noqa: E402
 from rlhf.settings import CycleSettings, EvalSettings  # noqa: E402
 from rlhf.sim.preferences import ZOO, preference  # noqa: E402

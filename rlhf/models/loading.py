@@ -139,8 +139,10 @@ def _check_architecture(source: str, setting: str) -> None:
     """The model type must have a causal-LM class (the policy) and a sequence-classification class
     (the reward and value models start from the policy's backbone)."""
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    )
 
     local = Path(str(source)).expanduser()
     gguf = gguf_file(source, setting)

@@ -8,7 +8,6 @@ them would silently drift. Equal weights leave the rows, and so the training, un
 """
 from __future__ import annotations
 
-
 import copy
 import tempfile
 from dataclasses import replace
@@ -21,9 +20,16 @@ from transformers import AutoModelForSequenceClassification
 
 from rlhf.data.datasets import to_standard
 from rlhf.models.chat_format import end_of_turn_token
-from rlhf.models.loading import resolve_device
-from rlhf.models.loading import context_length
-from rlhf.policy.common import prompt_text_within, callbacks, common_args, history, load_policy, lora_config, save_policy
+from rlhf.models.loading import context_length, resolve_device
+from rlhf.policy.common import (
+    callbacks,
+    common_args,
+    history,
+    load_policy,
+    lora_config,
+    prompt_text_within,
+    save_policy,
+)
 from rlhf.progress import ProgressFn
 from rlhf.reward.scoring import score_texts
 from rlhf.settings import PolicySettings

@@ -23,16 +23,29 @@ from datasets import Dataset
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rlhf.data.criteria import CRITERIA, SAFETY
-from rlhf.training import distributed
-from rlhf.reward.criteria_heads import HEADS_FILE, HELPFULNESS, INFO_FILE, CriteriaScorer, answer_texts, fit_calibration, \
-    set_scalar_head
 from rlhf.data.datasets import to_standard
-from rlhf.models.loading import resolve_device
-from rlhf.models.loading import context_length
+from rlhf.models.loading import context_length, resolve_device
 from rlhf.progress import ProgressFn
+from rlhf.reward.criteria_heads import (
+    HEADS_FILE,
+    HELPFULNESS,
+    INFO_FILE,
+    CriteriaScorer,
+    answer_texts,
+    fit_calibration,
+    set_scalar_head,
+)
 from rlhf.reward.scoring import pairwise_accuracy
 from rlhf.settings import CriteriaSettings, RewardSettings
-from rlhf.training.trl_utils import ProgressCallback, attach_logs, drop_printer, quiet_trl, report_to, training_precision
+from rlhf.training import distributed
+from rlhf.training.trl_utils import (
+    ProgressCallback,
+    attach_logs,
+    drop_printer,
+    quiet_trl,
+    report_to,
+    training_precision,
+)
 from rlhf.trust import normalized_weights
 
 

@@ -17,15 +17,27 @@ import pytest
 
 from rlhf.data.corpus import sample_prompts
 from tests.support.accessibility import assert_accessible
-from tests.support.browser_checks import admin_login
 from tests.support.app import make_app, register_model
+from tests.support.browser_checks import admin_login
 from tests.support.feedback_factory import add_exchange
 from tests.support.live_server import LiveServer
 from webapp.admin.auth import set_admin_password
-from webapp.core.raters import set_trust, store_assessments
 from webapp.core.extensions import db
-from webapp.core.models import (AnswerScore, Assignment, AuditEvent, Comparison, Conversation, Experiment, Feedback,
-                           Message, ModelVersion, TrainingRun, User, utcnow)
+from webapp.core.models import (
+    AnswerScore,
+    Assignment,
+    AuditEvent,
+    Comparison,
+    Conversation,
+    Experiment,
+    Feedback,
+    Message,
+    ModelVersion,
+    TrainingRun,
+    User,
+    utcnow,
+)
+from webapp.core.raters import set_trust, store_assessments
 
 pytestmark = pytest.mark.browser
 

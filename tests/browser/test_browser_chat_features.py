@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.support.accessibility import assert_accessible
-from tests.support.browser_checks import assert_nothing_injected, watch_csp, watch_dialogs
-from tests.support.app import make_app
-from tests.support.live_server import chat_server_fixture
 from tests.browser.test_browser_chat import send, wait_for_answers, wait_for_count
+from tests.support.accessibility import assert_accessible
+from tests.support.app import make_app
+from tests.support.browser_checks import assert_nothing_injected, watch_csp, watch_dialogs
+from tests.support.live_server import chat_server_fixture
 from webapp.core.extensions import db
 from webapp.core.models import Comparison, Conversation, Feedback, Message, utcnow
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from tests.support.accessibility import assert_accessible
 from tests.browser.test_browser_chat import send, wait_for_answers
-from tests.browser.test_browser_chat_features import (chat_server, open_page, seed, seed_everything, shot,  # noqa: F401
-                                              show, store)
+from tests.browser.test_browser_chat_features import chat_server, open_page, seed, seed_everything, shot, show, store  # noqa: F401
+from tests.support.accessibility import assert_accessible
 from webapp.core.extensions import db
 from webapp.core.models import Conversation, Message
 

@@ -12,10 +12,10 @@ import pytest
 from playwright.sync_api import expect
 
 from rlhf.data.criteria import FLAG_CATEGORIES
-from tests.support.accessibility import assert_accessible
-from tests.support.browser_checks import admin_login, assert_nothing_injected
 from tests.browser.test_browser_chat_features import DESKTOP, chat_server, open_page, seed, shot, show, store  # noqa: F401
 from tests.browser.test_browser_chat_mobile import PHONE, TAP_TARGETS
+from tests.support.accessibility import assert_accessible
+from tests.support.browser_checks import admin_login, assert_nothing_injected
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import Conversation, Flag, utcnow

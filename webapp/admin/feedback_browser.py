@@ -4,7 +4,6 @@ from __future__ import annotations
 from werkzeug.exceptions import BadRequest
 
 from rlhf.data.criteria import FLAG_VALUES
-
 from webapp.core.extensions import db
 from webapp.core.models import Conversation, Feedback, Flag, Message, ModelVersion, iso
 from webapp.core.ratings.flag import FLAG_LABELS

@@ -7,7 +7,6 @@ from typing import Any
 
 from rlhf.policy.algorithms import REGISTRY
 from rlhf.training.curves import read_curves, series
-
 from webapp.core.models import TrainingRun
 from webapp.training.runs import curves_path
 

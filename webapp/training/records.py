@@ -11,10 +11,19 @@ from sqlalchemy import or_, union, union_all
 from rlhf.data.datasets import build_datasets
 from rlhf.data.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
 from rlhf.data.redaction import redact_records, redact_text
-
 from webapp.core.extensions import db
-from webapp.core.models import (Comparison, Conversation, Feedback, Flag, Message, ModelVersion, RaterAssessment,
-                                RaterTrust, User, utcnow)
+from webapp.core.models import (
+    Comparison,
+    Conversation,
+    Feedback,
+    Flag,
+    Message,
+    ModelVersion,
+    RaterAssessment,
+    RaterTrust,
+    User,
+    utcnow,
+)
 from webapp.core.raters import trust_settings
 from webapp.core.ratings.registry import event_kinds, record_fields
 

@@ -221,10 +221,11 @@ def test_a_thumb_on_any_turn_of_anyones_chat_teaches_the_reward_model():
     """Each person rates answers in their own multi-turn chats: later turns never repeat across users,
     so same-question pairs cannot form; before, such feedback gave "0 preference pairs" and no run.
     Rated pairs now take every rated answer, its prompt the whole history up to it."""
+    import pytest
+
     from rlhf.data.stage_sizing import DataSize, NotEnoughData
     from rlhf.policy.algorithms import size_stages
     from rlhf.settings import PolicySettings, RewardSettings
-    import pytest
 
     up, down = FeedbackRecord(thumb="up"), FeedbackRecord(thumb="down")
     records = [chat(i, [(f"Plan a trip to city {i}?", f"Go by train {i}.", None),

@@ -11,9 +11,17 @@ from tests.support.app import make_app, register_model
 from tests.support.feedback_factory import add_exchange
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
-from webapp.core.models import (AnswerScore, Comparison, Conversation, Experiment, Feedback, ModelVersion, TrainingRun,
-                                User, utcnow)
-
+from webapp.core.models import (
+    AnswerScore,
+    Comparison,
+    Conversation,
+    Experiment,
+    Feedback,
+    ModelVersion,
+    TrainingRun,
+    User,
+    utcnow,
+)
 
 ISO_SECONDS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 

@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from tests.support.app import sse_events
-from tests.support.app import ApiClient, register_model
+from tests.support.app import ApiClient, register_model, sse_events
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion
 

@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
-from webapp import create_app
 from tests.support.leaked_key import leaked_secret_key
+from webapp import create_app
 from webapp.core.settings import ROOT, ConfigError, build_config, effective, markdown_tables, resolve
 
 

@@ -16,9 +16,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
-from tests.support.paths import FIXTURES
 from tests.support.app import DATABASES, database_url_for, flask_cli, login_admin, make_app, register_model
 from tests.support.feedback_factory import seed_feedback
+from tests.support.paths import FIXTURES
 from webapp.core.extensions import db
 from webapp.core.schema_revision import MIGRATIONS_DIR, alembic_config, head_revision, schema_problem
 

@@ -9,9 +9,9 @@ import pytest
 
 from tests.support.app import ApiClient, make_app, register_model
 from webapp.admin.auth import set_admin_password
-from webapp.core.settings import ConfigError
 from webapp.core.extensions import db
 from webapp.core.models import Message
+from webapp.core.settings import ConfigError
 
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; object-src 'none'; "
        "base-uri 'self'; form-action 'self'; frame-ancestors 'none'")

@@ -13,15 +13,23 @@ import pytest
 
 from rlhf.data.corpus import sample_prompts
 from tests.support.app import ApiClient, make_app, register_model
+from tests.support.paths import ROOT  # noqa: E402
 from webapp.core.extensions import db
-from webapp.core.models import (Assignment, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion, User,
-                                utcnow)
+from webapp.core.models import (
+    Assignment,
+    Comparison,
+    Conversation,
+    Experiment,
+    Feedback,
+    Message,
+    ModelVersion,
+    User,
+    utcnow,
+)
 from webapp.experiments.metrics import experiment_metrics
 from webapp.experiments.promotion import PromotionPolicy
 from webapp.experiments.table import metrics_table, user_table
 from webapp.training import jobs
-
-from tests.support.paths import ROOT  # noqa: E402
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 from click.testing import CliRunner
 from flask.cli import FlaskGroup
-import pytest
 
 from rlhf.data.corpus import sample_prompts
 from tests.support.admin import Admin, versions
@@ -14,7 +14,6 @@ from tests.support.app import ApiClient, make_app
 from webapp import create_app
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, AuditEvent, Experiment, User
-
 
 # ---------------------------------------------------------------------------- lifecycle and bad input
 

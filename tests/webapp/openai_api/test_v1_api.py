@@ -9,12 +9,23 @@ import pytest
 
 from tests.support.app import ApiClient, flask_cli, login_admin, make_app, register_model
 from webapp.admin.auth import set_admin_password
-from webapp.openai_api.keys import create_api_key, hash_key, key_named, revoke_api_key
-from webapp.openai_api.users import anon_id_for
 from webapp.core.extensions import db
 from webapp.core.identity import address_hash
-from webapp.core.models import (ApiKey, AuditEvent, Conversation, Feedback, Flag, IdentityOrigin, Message,
-                                ModelVersion, RailIntervention, RailRule, User)
+from webapp.core.models import (
+    ApiKey,
+    AuditEvent,
+    Conversation,
+    Feedback,
+    Flag,
+    IdentityOrigin,
+    Message,
+    ModelVersion,
+    RailIntervention,
+    RailRule,
+    User,
+)
+from webapp.openai_api.keys import create_api_key, hash_key, key_named, revoke_api_key
+from webapp.openai_api.users import anon_id_for
 
 MODEL = "rlhf-chat"
 RICE = [{"role": "user", "content": "How do I cook rice?"}]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 from tests.webapp.experiments.test_blind_arms import KEY, LEAKS, VERSIONS, experiment_app  # noqa: F401 (a fixture)
-from webapp.openai_api.keys import create_api_key
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, Conversation, Experiment, Message, User
 from webapp.experiments.assignment import arm_for, user_hash_key
+from webapp.openai_api.keys import create_api_key
 
 MODEL = "rlhf-chat"
 

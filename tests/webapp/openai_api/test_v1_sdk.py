@@ -13,9 +13,9 @@ from openai import OpenAI
 
 from tests.support.app import flask_cli, make_app, register_model
 from tests.support.live_server import live_instance
-from webapp.openai_api.keys import create_api_key
 from webapp.core.extensions import db
 from webapp.core.models import Message
+from webapp.openai_api.keys import create_api_key
 
 MODEL = "rlhf-chat"
 RICE = [{"role": "user", "content": "How do I cook rice?"}]

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.support.app import ApiClient, make_app, register_model, sse_events
 from tests.support.admin import PASSWORD, login
+from tests.support.app import ApiClient, make_app, register_model, sse_events
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import AuditEvent, Message, RailIntervention, RailRule

@@ -19,11 +19,11 @@ import pytest
 import requests
 
 from rlhf.models import registry
-from tests.support.paths import ROOT
-from tests.support.app import make_app, register_model, seeded_instance, sse_events
 from tests.support.app import flask_cli as cli
+from tests.support.app import make_app, register_model, seeded_instance, sse_events
 from tests.support.app import runs_and_versions as state
 from tests.support.feedback_factory import seed_feedback
+from tests.support.paths import ROOT
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, AuditEvent, Message, ModelVersion, TrainingRun

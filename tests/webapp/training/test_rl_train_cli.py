@@ -7,8 +7,8 @@ import pytest
 
 from rlhf.models import registry
 from tests.support.app import flask_cli as cli
-from tests.support.app import runs_and_versions as state
 from tests.support.app import make_app, register_model
+from tests.support.app import runs_and_versions as state
 from tests.support.feedback_factory import seed_feedback
 from webapp.core.extensions import db
 from webapp.core.models import Conversation, ModelVersion, TrainingRun

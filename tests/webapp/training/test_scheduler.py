@@ -13,12 +13,21 @@ from rlhf.sim.users import Behaviour, SimulatedUser, prompt_set
 from tests.support.app import make_app, register_model
 from tests.support.feedback_factory import seed_feedback
 from tests.support.live_server import LiveServer
-from webapp.training import scheduler as sched
-from webapp.training import jobs
 from webapp.core.extensions import db
-from webapp.core.models import (Assignment, AuditEvent, Conversation, Experiment, Feedback, Message, ModelVersion,
-                                TrainingRun, User)
+from webapp.core.models import (
+    Assignment,
+    AuditEvent,
+    Conversation,
+    Experiment,
+    Feedback,
+    Message,
+    ModelVersion,
+    TrainingRun,
+    User,
+)
 from webapp.experiments.promotion import PromotionPolicy, decide
+from webapp.training import jobs
+from webapp.training import scheduler as sched
 
 pytestmark = pytest.mark.slow
 

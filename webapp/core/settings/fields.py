@@ -11,7 +11,6 @@ from limits import parse_many
 from limits.util import SEPARATORS, SINGLE_EXPR
 
 from rlhf.settings import CycleSettings
-
 from webapp.core.metric_catalog import METRIC_NAMES
 
 # The folder of the webapp and rlhf packages: the repository root, or site-packages when installed

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, get_type_hints
 
 from rlhf.settings import CycleSettings, problem_with
-
 from webapp.core.settings.fields import Settings
 
 

@@ -8,8 +8,8 @@ Revision ID: 0001_baseline
 Revises:
 Create Date: 2026-11-26
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = "0001_baseline"
 down_revision = None
