@@ -221,7 +221,8 @@ def main() -> None:
             print(json.dumps({k: row[k] for k in ("preference", "variant", "events", "rm_heldout_accuracy", "rm",
                                                   "parent", "candidate", "p_value", "win", "gate", "kl", "cycle_s")}),
                   flush=True)
-    out = {"rows": rows, "events": args.events, "seed": args.seed, "questions": args.questions, "wall_s": round(time.perf_counter() - t0, 1),
+    out = {"rows": rows, "events": args.events, "seed": args.seed, "questions": args.questions,
+           "wall_s": round(time.perf_counter() - t0, 1),
            "load_average": {"start": [round(x, 2) for x in load0], "end": [round(x, 2) for x in os.getloadavg()]}}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, default=str))

@@ -143,7 +143,8 @@ def weighted_reward_trainer() -> tuple[type, type]:
     return _WEIGHTED["trainer"], _WEIGHTED["collator"]
 
 
-def criterion_heads(criteria_rows: dict[str, list[dict]] | None, settings: CriteriaSettings) -> tuple[list[str], dict[str, str]]:
+def criterion_heads(criteria_rows: dict[str, list[dict]] | None,
+                    settings: CriteriaSettings) -> tuple[list[str], dict[str, str]]:
     """The heads a reward model trains: helpfulness first, then each criterion with at least
     ``settings.min_pairs`` training pairs (``[]`` when none has: one head, trained as before), and
     why each other criterion was left out."""
@@ -164,7 +165,8 @@ def tokenized_criterion_pairs(tokenizer: Any, rows: list[dict], heads: list[str]
         text = answer_texts(tokenizer, [prompt], [answer])[0]
         return tokenizer(text, add_special_tokens=False)["input_ids"][-max_length:]
 
-    out = [{"chosen_ids": ids(r["chosen_prompt"], r["chosen"]), "rejected_ids": ids(r["rejected_prompt"], r["rejected"]),
+    out = [{"chosen_ids": ids(r["chosen_prompt"], r["chosen"]),
+            "rejected_ids": ids(r["rejected_prompt"], r["rejected"]),
             "margin": float(r.get("margin", 0.0))} for r in rows]
     if heads:
         for row, r in zip(out, rows):
@@ -196,7 +198,8 @@ def _criteria_outcome(model: Any, tokenizer: Any, heads: list[str], left_out: di
 
         def costs(items: dict, side: str) -> list[float]:
             vals = list(items.values())
-            return scorer.score_answers([r[f"{side}_prompt"] for r in vals], [r[side] for r in vals])[SAFETY] if vals else []
+            return (scorer.score_answers([r[f"{side}_prompt"] for r in vals], [r[side] for r in vals])[SAFETY]
+                    if vals else [])
 
         calibration[SAFETY] = fit_calibration(costs(costly, "chosen"), costs(safe, "rejected"))
     out["calibration"] = calibration
@@ -292,7 +295,8 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
         "train_pairs": len(train_rows), "rated_pairs": len(rated), "eval_pairs": len(eval_rows),
         "steps": result.global_step,
         "train_loss": round(result.training_loss, 4), "weighted": weights is not None,
-        "train_accuracy": round(sum(logged) / len(logged), 4) if logged else pairwise_accuracy(model, tokenizer, train_rows),
+        "train_accuracy": (round(sum(logged) / len(logged), 4) if logged
+                           else pairwise_accuracy(model, tokenizer, train_rows)),
         "heldout_accuracy": pairwise_accuracy(model, tokenizer, eval_rows),
         "criteria": {"heads": [], "left_out": left_out} if outcome is None else
         {k: v for k, v in outcome.items() if not k.startswith("_")},

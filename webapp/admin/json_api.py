@@ -94,7 +94,8 @@ def post_stop(key: str):
 def post_conclude(key: str):
     data = json_body({"decision"})
     exp = get_experiment(key)
-    snapshot = {m["name"]: {**m["comparison"], "sequential": m["sequential"]} for m in experiment_metrics(exp)["metrics"]}
+    snapshot = {m["name"]: {**m["comparison"], "sequential": m["sequential"]}
+                for m in experiment_metrics(exp)["metrics"]}
     return jsonify(experiment_dict(conclude_experiment(key, data.get("decision"), {"metrics": snapshot})))
 
 

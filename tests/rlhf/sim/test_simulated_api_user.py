@@ -32,7 +32,8 @@ def stored(instance, user: str) -> dict:
             by_id = {m.id: cid for cid, m in answers.items()}
             feedback = {by_id[f.message_id]: (f.thumb, f.rating, list(f.reasons or []))
                         for f in db.session.scalars(db.select(Feedback).filter_by(user_id=person.id))}
-            flags = {by_id[f.message_id]: f.category for f in db.session.scalars(db.select(Flag).filter_by(user_id=person.id))}
+            flags = {by_id[f.message_id]: f.category
+                     for f in db.session.scalars(db.select(Flag).filter_by(user_id=person.id))}
             keys = {db.session.get(ApiKey, m.api_key_id).name for m in answers.values()}
             return {"answers": {cid: m.content for cid, m in answers.items()}, "feedback": feedback, "flags": flags,
                     "keys": keys}

@@ -97,7 +97,8 @@ def test_a_model_change_without_a_revision_is_found(tmp_path):
             table.to_metadata(extra)
         Table("feedback", extra, Column("helpfulness", Integer), extend_existing=True)
         diff = compare_metadata(MigrationContext.configure(connection), extra)
-    assert [(d[0], d[2], d[3].name) for d in diff if d[0] == "add_column"] == [("add_column", "feedback", "helpfulness")], diff
+    assert [(d[0], d[2], d[3].name) for d in diff if d[0] == "add_column"] \
+        == [("add_column", "feedback", "helpfulness")], diff
 
 
 def _legacy_database(instance: Path, micro_model_dir: Path) -> Path:

@@ -1,5 +1,5 @@
-"""A/B statistics (webapp/experiments/sequential_tests.py, sample_stats.py), each checked against closed-form arithmetic done here
-or against GrowthBook's published test results."""
+"""A/B statistics (webapp/experiments/sequential_tests.py, sample_stats.py), each checked against
+closed-form arithmetic done here or against GrowthBook's published test results."""
 from __future__ import annotations
 
 import ast

@@ -1,4 +1,5 @@
-"""Experiments and versions through the admin API: bad input refused, one running experiment, promote and keep control; the A/B metrics."""
+"""Experiments and versions through the admin API: bad input refused, one running experiment, promote and
+keep control; the A/B metrics."""
 from __future__ import annotations
 
 import json
@@ -50,7 +51,8 @@ def test_one_running_experiment_and_unique_keys(setup):
                                                   "start": False})
     assert again.status_code == 409 and "never reused" in again.get_json()["error"]
     assert admin.post("/api/admin/experiments/e1", {"traffic_split": 2}, method="patch").status_code == 400
-    assert admin.post("/api/admin/experiments/e1", {"traffic_split": 0.3}, method="patch").get_json()["traffic_split"] == 0.3
+    assert admin.post("/api/admin/experiments/e1", {"traffic_split": 0.3},
+                      method="patch").get_json()["traffic_split"] == 0.3
     assert admin.post("/api/admin/experiments/nope/stop").status_code == 404
     assert admin.post("/api/admin/experiments/e1/conclude", {"decision": "maybe"}).status_code == 400
     assert admin.post("/api/admin/experiments/e1/stop").get_json()["status"] == "stopped"

@@ -388,7 +388,8 @@ def test_killed_training_process_never_interrupts_serving(tmp_path, micro_model_
         with app.app_context():
             dead = db.session.get(TrainingRun, run_id)
             assert dead.status == "failed" and dead.finished_at is not None
-            assert dead.error == f"process {row[3]} on {dead.hostname} died during stage reward (recovered by a later run)"
+            assert dead.error == (f"process {row[3]} on {dead.hostname} died during stage reward "
+                                  "(recovered by a later run)")
             assert f"recovered stale runs [{run_id}]" in db.session.get(TrainingRun, out["run_id"]).log
             assert {v.name: v.status for v in db.session.scalars(db.select(ModelVersion))} == \
                 {"v1-base": "active", "v2-ppo": out["version"]["status"]}

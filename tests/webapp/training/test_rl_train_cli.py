@@ -106,10 +106,12 @@ def test_full_cycle_registers_a_version_and_recovers_a_dead_run(instance):
     result = cli("rl-train", "--min-feedback", "10", "--json")
     assert result.exit_code in (0, 3), result.output
     out = json.loads(result.stdout)
-    assert set(out) >= {"run_id", "status", "data_counts", "reward_model", "policy", "evaluation", "version", "decision"}
+    assert set(out) >= {"run_id", "status", "data_counts", "reward_model", "policy", "evaluation", "version",
+                        "decision"}
     assert out["status"] == "succeeded" and out["data_counts"]["events"] == events
     assert out["reward_model"]["heldout_accuracy"] is not None and out["reward_model"]["train_pairs"] > 0
-    assert out["evaluation"]["before"]["mean_reward"] is not None and out["evaluation"]["after"]["mean_reward"] is not None
+    assert (out["evaluation"]["before"]["mean_reward"] is not None
+            and out["evaluation"]["after"]["mean_reward"] is not None)
     # the gate's held-out evidence: the held-out pairs and the held-out rated pairs across questions
     ev = out["evaluation"]
     held_out = out["data_counts"]["pairs"]["eval"] + out["data_counts"]["rated_pairs"]["eval"]

@@ -131,7 +131,8 @@ def test_flags_train_a_safety_head_and_the_constraint_shows_on_the_run_page(inst
             question = corpus.sample_prompts(12, seed=5)[i]
             quality = "rude" if arm == "variant" else "helpful"
             topic = corpus.topic_of(question)
-            text = corpus.make_answer(rng, quality, topic, next((t for t in topic.tasks if t.phrase in question.lower()), None))
+            text = corpus.make_answer(rng, quality, topic,
+                                      next((t for t in topic.tasks if t.phrase in question.lower()), None))
             _, (answer,) = add_exchange(user.id, question, [text], version.id)
             answer.experiment_id, answer.arm = exp.id, arm
         db.session.commit()
