@@ -11,13 +11,13 @@ and runs exactly what the scheduler's monitor runs on them:
 far and the maximum duration reached at the last look (3,000 ratings by default).
 
 Scenarios (true effects measured on 87,000 simulated users): ``aa`` (identical arms),
-``ab5``/``ab10`` (+5/+10 points of thumbs-up rate for the variant, its ratings +0.18/+0.36 stars
-and compare win rate 55/60% with it), ``guardrail`` (+10 points of thumbs-up rate but ratings
-0.41 stars worse, compare votes even: a loss as detectable as the gain). Reported, with Wilson 95% intervals: promotions, retirements on
-a significant result and at the maximum duration, per look frequency; median users at a
-decision; and a fixed-horizon test (the table's fixed-horizon intervals, one look at the
-maximum size) for comparison. ``--old`` also runs, on the same data, the per-answer policy the
-sequential one replaced (answers as independent trials, fixed-horizon p-values at every look),
+``ab5``/``ab10`` (+5/+10 points of thumbs-up rate for the variant, its ratings +0.18/+0.36 stars and
+compare win rate 55/60% with it), ``guardrail`` (+10 points of thumbs-up rate but ratings 0.41 stars
+worse, compare votes even: a loss as detectable as the gain). Reported, with Wilson 95% intervals:
+promotions, retirements on a significant result and at the maximum duration, per look frequency;
+median users at a decision; and a fixed-horizon test (the table's fixed-horizon intervals, one look
+at the maximum size) for comparison. ``--old`` also runs, on the same data, the per-answer policy
+the sequential one replaced (answers as independent trials, fixed-horizon p-values at every look),
 copied below as the baseline.
 
     .venv/bin/python benchmarks/ab_validity.py [--quick] [--old] [--sims N] [--json FILE]
@@ -33,7 +33,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

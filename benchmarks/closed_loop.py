@@ -59,12 +59,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rlhf.sim.preferences import ZOO, rude  # noqa: E402
 from rlhf.sim.users import ApiUser, Behaviour, Interaction, SimulatedUser, first_model, prompt_set  # noqa: E402
-from tests.support.models import cached_model  # noqa: E402
 from tests.support.app import make_app, register_model  # noqa: E402
 from tests.support.live_server import LiveServer  # noqa: E402
-from webapp.experiments import sample_stats  # noqa: E402
+from tests.support.models import cached_model  # noqa: E402
 from webapp.core.extensions import db  # noqa: E402
 from webapp.core.models import AnswerScore, Experiment, Message, ModelVersion, TrainingRun  # noqa: E402
+from webapp.experiments import sample_stats  # noqa: E402
 from webapp.experiments.lifecycle import stop_experiment  # noqa: E402
 from webapp.experiments.promotion import policy_from_config  # noqa: E402
 
@@ -207,7 +207,7 @@ def stop_unconcluded(instance: Path, key: str) -> str:
             pass
         db.session.remove()
     done = concluded(instance, key)
-    return f"wait (no verdict from the monitor; stopped by the benchmark)" if not done or done[1] == "stopped" \
+    return "wait (no verdict from the monitor; stopped by the benchmark)" if not done or done[1] == "stopped" \
         else (done[2] or done[1])
 
 
@@ -396,7 +396,8 @@ def run_preference(preference: str, model_dir: Path, behaviour: Behaviour | None
     worse = [r["cycle"] for r in rounds if r.get("decision") == "promote" and r.get("p_value") is not None
              and r["p_value"] < 0.05 and r["variant"]["share"] < r["control"]["share"]]
     return {"preference": label or preference, "via": via, "rounds": rounds, "feedback_events": events,
-            "events_to_win": won["feedback_events_total"] if won else None, "cycles_to_win": won["cycle"] if won else None,
+            "events_to_win": won["feedback_events_total"] if won else None,
+            "cycles_to_win": won["cycle"] if won else None,
             "events_at_win": won["events_after_experiment"] if won else None, "monitor": monitor,
             "success": won is not None, "worse_promoted": worse,
             "last_significantly_better": bool(last and last["p_value"] < 0.05
@@ -440,8 +441,8 @@ def markdown(results: list[dict]) -> str:
 def zoo_markdown(results: list[dict]) -> str:
     """One row per zoo preference: did it win within the budget, and the evidence of each stage."""
     lines = ["| preference | win within budget | events to win | cycles | RM held-out acc. (per cycle) | "
-             "RM AUC on experiment answers | gate, monitor (per cycle) | control satisfied | variant satisfied | p-value | "
-             "wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "RM AUC on experiment answers | gate, monitor (per cycle) | control satisfied | variant satisfied | "
+             "p-value | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         rounds = res["rounds"]
         last = next((r for r in reversed(rounds) if "p_value" in r), {})
@@ -483,7 +484,8 @@ def arguments(description: str) -> argparse.ArgumentParser:
     """The command line of this benchmark; benchmarks/deployment_shape.py adds ``--questions`` to it."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--preference", nargs="+", default=["polite", "concise", "detailed"])
-    ap.add_argument("--safety", action="store_true", help="the safety-constraint pair of runs instead (see SAFETY_RUNS)")
+    ap.add_argument("--safety", action="store_true",
+                    help="the safety-constraint pair of runs instead (see SAFETY_RUNS)")
     ap.add_argument("--zoo", action="store_true", help="the zoo's preferences (rlhf.sim.preferences.ZOO; --preference "
                     "picks some of them) and the zoo's table")
     ap.add_argument("--via", choices=("chat", "openai"), default="chat",

@@ -209,10 +209,13 @@ def _cell(c: dict[str, Any]) -> str:
     gate = c.get("gate") or {}
     e = c.get("experiment")
     auc, acc, p = pm.get("reward_auc"), c.get("rm_heldout_accuracy"), gate.get("evidence_p")
-    return (f"{c.get('events')} ev: RM {'–' if acc is None else f'{acc:.2f}'} / AUC {'–' if auc is None else f'{auc:.2f}'}; "
+    return (f"{c.get('events')} ev: RM {'–' if acc is None else f'{acc:.2f}'} / "
+            f"AUC {'–' if auc is None else f'{auc:.2f}'}; "
             f"policy {pm.get('parent', {}).get('satisfied', '–')} -> {pm.get('candidate', {}).get('satisfied', '–')}; "
-            f"gate {gate.get('verdict')} ({gate.get('heldout')} held-out pairs, combined p {'–' if p is None else f'{p:.2g}'})"
-            + (f"; A/B {e['control']['share']} -> {e['variant']['share']} (n {e['control']['n']} / {e['variant']['n']}, "
+            f"gate {gate.get('verdict')} ({gate.get('heldout')} held-out pairs, "
+            f"combined p {'–' if p is None else f'{p:.2g}'})"
+            + (f"; A/B {e['control']['share']} -> {e['variant']['share']} "
+               f"(n {e['control']['n']} / {e['variant']['n']}, "
                f"p {e['p_value']:.2g}, monitor: {e['decision']})"
                if e else ""))
 

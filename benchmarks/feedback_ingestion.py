@@ -380,10 +380,9 @@ def main() -> None:
         serve_minimal(int(args.serve_minimal[0]), args.serve_minimal[1], workers, threads)
         return
 
-    from tests.support.models import cached_model
-
     from tests.support.app import make_app, register_model
     from tests.support.live_server import LiveServer
+    from tests.support.models import cached_model
 
     folder = Path(tempfile.mkdtemp(prefix="bench-feedback-"))
     instance = folder / "instance"
@@ -445,12 +444,14 @@ def main() -> None:
           f"gunicorn {workers} worker(s) x {threads} threads)")
     if "baseline" in result:
         b = result["baseline"]
-        print(f"baseline (minimal Flask + one SQLite upsert): {b['requests_per_s']:.0f} req/s, p50 {b['p50_ms']:.1f} ms, "
+        print(f"baseline (minimal Flask + one SQLite upsert): {b['requests_per_s']:.0f} req/s, "
+              f"p50 {b['p50_ms']:.1f} ms, "
               f"p99 {b['p99_ms']:.1f} ms, server CPU {b['server_cpu_ms_per_request']:.2f} ms/request; "
               f"ratio ours/baseline {result['ratio']:.2f}")
     print(f"raw SQLite upserts, one thread: {result['raw_sqlite_upserts_per_s']:.0f}/s")
     print(f"database check: {check}")
-    print(f"target >= {TARGET_RPS:.0f} req/s and p99 <= {TARGET_P99_MS:.0f} ms: {'met' if result['met'] else 'NOT met'}")
+    print(f"target >= {TARGET_RPS:.0f} req/s and p99 <= {TARGET_P99_MS:.0f} ms: "
+          f"{'met' if result['met'] else 'NOT met'}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 

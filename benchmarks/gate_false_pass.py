@@ -69,11 +69,18 @@ import torch  # noqa: E402
 
 from benchmarks.zoo_ablation import feedback, sample_answers  # noqa: E402
 from rlhf.cycle import evaluation_prompts, fit_to_data, heldout_evidence, prepare_data, train_judge  # noqa: E402
-from rlhf.data.records import ConversationRecord, MessageRecord  # noqa: E402
+from rlhf.data.records import ConversationRecord  # noqa: E402
 from rlhf.data.stage_sizing import NotEnoughData, policy_prompts  # noqa: E402
 from rlhf.gate.evaluation import _scores  # noqa: E402
-from rlhf.gate.instruments import (JUDGE_TIE, TIE_NATS, heldout_summary, judge_trust, pair_sequences, paired_gain,  # noqa: E402
-                                   sequence_logprobs)
+from rlhf.gate.instruments import (  # noqa: E402
+    JUDGE_TIE,
+    TIE_NATS,
+    heldout_summary,
+    judge_trust,
+    pair_sequences,
+    paired_gain,
+    sequence_logprobs,
+)
 from rlhf.gate.verdict import evidence_reasons, simes  # noqa: E402
 from rlhf.models import sampling  # noqa: E402
 from rlhf.models.loading import context_length, load_causal_lm  # noqa: E402
@@ -106,8 +113,10 @@ class Shape:
 
 SHAPES = {
     "corpus": Shape("corpus", lambda: prompt_set(120, seed=3), 8, 200, lambda: prompt_set(200, seed=99), 1),
-    "questions16": Shape("questions16", lambda: deployment_questions(16), 24, 200, lambda: deployment_questions(16), 12),
-    "few_events": Shape("questions16", lambda: deployment_questions(16), 24, 60, lambda: deployment_questions(16), 12),
+    "questions16": Shape("questions16", lambda: deployment_questions(16), 24, 200,
+                         lambda: deployment_questions(16), 12),
+    "few_events": Shape("questions16", lambda: deployment_questions(16), 24, 60,
+                        lambda: deployment_questions(16), 12),
 }
 
 
@@ -411,8 +420,9 @@ def analyse(rows: list[dict[str, Any]], grid: bool = True) -> tuple[str, dict[st
     wins' pass rates, and (``grid``) candidate rules on the same runs."""
     judged = [r for r in rows if "margins" in r or r.get("verdict") == "not enough evidence"]
     shapes = [s for s in SHAPES if any(r["shape"] == s for r in judged)]
-    lines = ["| shape | candidates | runs (gate judged on evidence) | not enough evidence | ground truth better / worse "
-             "| passed, old rule (sign test) | passed, shipped rule (effect size) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| shape | candidates | runs (gate judged on evidence) | not enough evidence | "
+             "ground truth better / worse | passed, old rule (sign test) | passed, shipped rule (effect size) |",
+             "|---|---|---|---|---|---|---|"]
     summary: dict[str, Any] = {}
     for shape in shapes:
         mine = [r for r in judged if r["shape"] == shape]
@@ -429,13 +439,15 @@ def analyse(rows: list[dict[str, Any]], grid: bool = True) -> tuple[str, dict[st
             truth = [r["truth"] for r in ev if r.get("truth")]
             better, worse = sum(t["better"] for t in truth), sum(t["worse"] for t in truth)
             lines.append(f"| {shape} | {label} ({len({r['candidate'] for r in ev})} distinct) | {len(ev)} | "
-                         f"{len(rs) - len(ev)} | {better} / {worse} of {len(truth)} | {_rate(old, len(ev))} | {_rate(new, len(ev))} |")
+                         f"{len(rs) - len(ev)} | {better} / {worse} of {len(truth)} | {_rate(old, len(ev))} | "
+                         f"{_rate(new, len(ev))} |")
             summary.setdefault(shape, {})[label] = {"runs": len(ev), "old": old, "new": new,
                                                     "not_enough_evidence": len(rs) - len(ev),
                                                     "truth_better": better, "truth_worse": worse}
     loads = [r["load"] for r in rows if r.get("load")]
     if loads:
-        lines += ["", f"Load average (1 min) at the runs: {min(x[0] for x in loads):.2f}-{max(x[0] for x in loads):.2f} "
+        lines += ["", f"Load average (1 min) at the runs: "
+                      f"{min(x[0] for x in loads):.2f}-{max(x[0] for x in loads):.2f} "
                       f"(median {sorted(x[0] for x in loads)[len(loads) // 2]:.2f}) on 2 cores."]
     if grid:
         lines += ["", "Candidate rules on the same runs: moved flat candidates passed (all of them; in brackets those "

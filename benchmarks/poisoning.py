@@ -45,9 +45,9 @@ from benchmarks.closed_loop import db_state, server_env, wait_for  # noqa: E402
 from rlhf.data import corpus  # noqa: E402
 from rlhf.sim.preferences import preference  # noqa: E402
 from rlhf.sim.users import Behaviour, SimulatedUser, prompt_set  # noqa: E402
-from tests.support.models import cached_model  # noqa: E402
 from tests.support.app import make_app, register_model  # noqa: E402
 from tests.support.live_server import LiveServer  # noqa: E402
+from tests.support.models import cached_model  # noqa: E402
 from webapp.core.extensions import db  # noqa: E402
 from webapp.core.instance_paths import resolve  # noqa: E402
 from webapp.core.models import ModelVersion, TrainingRun  # noqa: E402

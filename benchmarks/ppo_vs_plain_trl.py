@@ -1,8 +1,8 @@
 """Our PPO stage (rlhf.policy.ppo.train_ppo) vs a plain TRL PPO script, side by side.
 
 Same policy, reward model, prompts and PPO settings; after a short warm-up of each, runs
-alternate, and so does which of the two goes first; medians of wall time (the ratio) and CPU time (less sensitive to other
-processes on shared cores).
+alternate, and so does which of the two goes first; medians of wall time (the ratio) and CPU time
+(less sensitive to other processes on shared cores).
 The plain script is what a TRL user would write from the PPOTrainer docs: tokenize prompts,
 build PPOConfig, PPOTrainer(...).train(), save the policy.
 
@@ -30,8 +30,7 @@ from benchmarks.stage_timing import preference_pairs, stage_result, time_side_by
 from rlhf.data import corpus  # noqa: E402
 from rlhf.policy import train_ppo  # noqa: E402
 from rlhf.reward.training import train_reward_model  # noqa: E402
-from rlhf.settings import PolicySettings  # noqa: E402
-from rlhf.settings import RewardSettings  # noqa: E402
+from rlhf.settings import PolicySettings, RewardSettings  # noqa: E402
 from tests.support.models import cached_model  # noqa: E402
 
 TARGET_RATIO = 1.05

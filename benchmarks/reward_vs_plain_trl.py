@@ -1,14 +1,13 @@
 """Our reward-model stage (rlhf.reward.training.train_reward_model) vs a plain TRL RewardTrainer script.
 
-Same backbone (the embedded policy), same preference pairs (with margins), same settings
-(epochs as our stage computes them, batch size, learning rate, schedule, warm-up, max length,
-reward centring, seed); after a short warm-up of each, runs alternate, and so does which of
-the two goes first; medians of
-wall time (the ratio) and of CPU time (less sensitive to other processes on shared cores). The plain script is what a TRL user
-would write from the RewardTrainer docs: tokenizer + AutoModelForSequenceClassification
-(num_labels=1), a Dataset of conversational pairs, RewardConfig, RewardTrainer(...).train(),
-save. Our stage also scores the held-out pairs afterwards (the held-out pairwise accuracy the
-cycle reports); that is part of its time.
+Same backbone (the embedded policy), same preference pairs (with margins), same settings (epochs as
+our stage computes them, batch size, learning rate, schedule, warm-up, max length, reward centring,
+seed); after a short warm-up of each, runs alternate, and so does which of the two goes first;
+medians of wall time (the ratio) and of CPU time (less sensitive to other processes on shared
+cores). The plain script is what a TRL user would write from the RewardTrainer docs: tokenizer +
+AutoModelForSequenceClassification (num_labels=1), a Dataset of conversational pairs, RewardConfig,
+RewardTrainer(...).train(), save. Our stage also scores the held-out pairs afterwards (the held-out
+pairwise accuracy the cycle reports); that is part of its time.
 
     .venv/bin/python benchmarks/reward_vs_plain_trl.py [--repeats 5] [--pairs 120] [--json FILE]
 """

@@ -94,7 +94,8 @@ def rows_stream(r: dict) -> list[list[str]]:
                      _f(plain["answer_tokens_per_s"]) + " (plain generate)", _f(r["answer_throughput_ratio"], 2),
                      "–", "–"])
     rows.append(["time to first token, ms", _f(ours["ttft_ms"]), _f(plain["ttft_ms"]) + " (plain generate)",
-                 f"+{_f(r['first_token_overhead_ms'])} ms", f"{r.get('target_first_token_overhead_ms', '–')} ms overhead",
+                 f"+{_f(r['first_token_overhead_ms'])} ms",
+                 f"{r.get('target_first_token_overhead_ms', '–')} ms overhead",
                  _met(r.get("met_first_token"))])
     return rows
 
@@ -102,14 +103,16 @@ def rows_stream(r: dict) -> list[list[str]]:
 def rows_rail(r: dict) -> list[list[str]]:
     on, off = r["rail_on"], r["rail_off"]
     load = ", ".join(f"{x:.2f}" for x in r.get("load_average", [])) or "–"
-    return [["time per answer token, ms (rail on)", _f(on["ms_per_token"], 2), _f(off["ms_per_token"], 2) + " (rail off)",
-             _f(r["per_token_ratio"], 3), r.get("target_per_token_ratio", "–"), _met(r.get("met"))],
+    return [["time per answer token, ms (rail on)", _f(on["ms_per_token"], 2),
+             _f(off["ms_per_token"], 2) + " (rail off)", _f(r["per_token_ratio"], 3),
+             r.get("target_per_token_ratio", "–"), _met(r.get("met"))],
             ["total time of a streamed answer, ms (rail on)", _f(on["total_ms"]), _f(off["total_ms"]) + " (rail off)",
              _f(r["total_ratio"], 3), "–", "–"],
             ["time to first token, ms (rail on)", _f(on["ttft_ms"]), _f(off["ttft_ms"]) + " (rail off)",
              _f(r["ttft_ratio"], 3), "–", "–"],
-            ["tokens/s after the first token (rail on)", _f(on["tokens_per_s"]), _f(off["tokens_per_s"]) + " (rail off)",
-             _f(on["tokens_per_s"] / off["tokens_per_s"], 3), "–", f"load average {load}"]] + \
+            ["tokens/s after the first token (rail on)", _f(on["tokens_per_s"]),
+             _f(off["tokens_per_s"]) + " (rail off)", _f(on["tokens_per_s"] / off["tokens_per_s"], 3), "–",
+             f"load average {load}"]] + \
         ([["time per answer token, ms (rail with a cost head)", _f(r["rail_cost_head"]["ms_per_token"], 2),
            _f(off["ms_per_token"], 2) + " (rail off)", _f(r["cost_head_per_token_ratio"], 3), "–", "–"],
           ["time to first token, ms (rail with a cost head)", _f(r["rail_cost_head"]["ttft_ms"]),
@@ -144,14 +147,16 @@ def rows_concurrent(r: dict) -> list[list[str]]:
         out.append([f"{n} users: tokens/s (latency p50/p95 ms, errors)",
                     f"{_f(s['tokens_per_s'])} ({_f(s['latency_p50_ms'], 0)}/{_f(s['latency_p95_ms'], 0)}, "
                     f"{s['errors']})", _f(summary[base]["tokens_per_s"]) + f" ({base} user)",
-                    _f(ratios.get(n), 2), (r.get("targets") or {}).get(n, "–"), _met((r.get("met_by_level") or {}).get(n))])
+                    _f(ratios.get(n), 2), (r.get("targets") or {}).get(n, "–"),
+                    _met((r.get("met_by_level") or {}).get(n))])
     return out
 
 
 def rows_feedback(r: dict) -> list[list[str]]:
     o, b, v, t = r["ours"], r.get("baseline") or {}, r["verification"], r["target"]
     return [["accepted feedback requests/s", _f(o["requests_per_s"], 0), _f(b.get("requests_per_s"), 0),
-             _f(r.get("ratio"), 2), f">= {t['requests_per_s']:.0f}/s", _met(o["requests_per_s"] >= t["requests_per_s"])],
+             _f(r.get("ratio"), 2), f">= {t['requests_per_s']:.0f}/s",
+             _met(o["requests_per_s"] >= t["requests_per_s"])],
             ["latency p50, ms", _f(o["p50_ms"]), _f(b.get("p50_ms")), "–", "–", "–"],
             ["latency p99, ms", _f(o["p99_ms"]), _f(b.get("p99_ms")), "–", f"<= {t['p99_ms']:.0f} ms",
              _met(o["p99_ms"] <= t["p99_ms"])],
@@ -241,7 +246,8 @@ def rows_ab_validity(r: dict) -> list[list[str]]:
         return f"{100 * v:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
     def old(name: str, key: str, action: str) -> str:
-        return f"{rate(sc[name]['old'][key][action])} (answers as trials, `--old`)" if "old" in sc.get(name, {}) else "–"
+        return (f"{rate(sc[name]['old'][key][action])} (answers as trials, `--old`)" if "old" in sc.get(name, {})
+                else "–")
 
     out = []
     if "aa" in sc:
@@ -385,7 +391,8 @@ def last_json_object(text: str) -> Any:
 
 
 def git_commit() -> str:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
     return head + ("+uncommitted changes" if dirty else "")

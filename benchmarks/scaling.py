@@ -40,11 +40,9 @@ import json
 import math
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -169,9 +167,9 @@ def measure_memory(paths: list[str], device: str) -> dict:
     """Load ``paths`` (a base, then LoRA versions on it) through the server's pool, answer, report memory."""
     import gc
 
+    import peft  # noqa: F401  (imported in every configuration: the library is not an adapter's cost)
     import torch
 
-    import peft  # noqa: F401  (imported in every configuration: the library is not an adapter's cost)
     from rlhf.generation import GenerationSettings, ModelPool, generate_chats
 
     pool = ModelPool(device)

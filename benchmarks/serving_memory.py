@@ -172,10 +172,12 @@ def bench_shape(shape: str, model_dir: Path, repeats: int) -> dict:
     for name, rs in runs.items():
         out["configs"][name] = {"rss_mib": round(statistics.median(r["rss_mib"] for r in rs), 1),
                                 "peak_mib": round(statistics.median(r["peak_mib"] for r in rs), 1),
-                                "rss_after_imports_mib": round(statistics.median(r["rss_after_imports_mib"] for r in rs), 1),
+                                "rss_after_imports_mib": round(statistics.median(r["rss_after_imports_mib"]
+                                                                                 for r in rs), 1),
                                 "peft_import_mib": round(statistics.median(r["peft_import_mib"] for r in rs), 1),
                                 "rss_loaded_mib": round(statistics.median(r["rss_loaded_mib"] for r in rs), 1),
-                                "tokens_per_s": [statistics.median(col) for col in zip(*(r["tokens_per_s"] for r in rs))],
+                                "tokens_per_s": [statistics.median(col)
+                                                 for col in zip(*(r["tokens_per_s"] for r in rs))],
                                 "rss_runs": [round(r["rss_mib"], 1) for r in rs]}
     c = out["configs"]
     base = c["base"]["rss_mib"]
@@ -189,7 +191,8 @@ def bench_shape(shape: str, model_dir: Path, repeats: int) -> dict:
     out["lora_cost_vs_adapter"] = round(out["lora_cost_median_mib"] / store["adapter_param_mib"], 2)
     limit = TARGET_FACTOR * store["adapter_param_mib"] + TARGET_SLACK_MIB
     out["target_mib"] = round(limit, 2)
-    out["target"] = (f"each extra LoRA variant <= {TARGET_FACTOR:g} x its adapter ({store['adapter_param_mib']:.2f} MiB)"
+    out["target"] = (f"each extra LoRA variant <= {TARGET_FACTOR:g} x its adapter "
+                     f"({store['adapter_param_mib']:.2f} MiB)"
                      f" + {TARGET_SLACK_MIB:g} MiB = {limit:.1f} MiB")
     out["met"] = bool(max(marginal) <= limit)
     # answers: base the same everywhere; adapters differ from it and from each other; full copy = adapter 1
@@ -221,13 +224,15 @@ def main() -> None:
     results = [bench_shape(shape, model_dir, args.repeats) for shape in args.shapes]
     for r in results:
         s = r["store"]
-        print(f"\n{r['shape']}: model {s['model_params'] / 1e6:.1f} M parameters ({s['model_param_mib']:.1f} MiB fp32), "
+        print(f"\n{r['shape']}: model {s['model_params'] / 1e6:.1f} M parameters "
+              f"({s['model_param_mib']:.1f} MiB fp32), "
               f"adapter {s['adapter_params'] / 1e3:.0f} k parameters ({s['adapter_param_mib']:.2f} MiB, file "
               f"{s['adapter_file_mib']:.2f} MiB); median of {r['repeats']} processes each")
         print(f"{'configuration':20}{'RSS MiB':>10}{'peak MiB':>10}{'tokens/s per version':>28}")
         for name, c in r["configs"].items():
             print(f"{name:20}{c['rss_mib']:>10.1f}{c['peak_mib']:>10.1f}{str(c['tokens_per_s']):>28}")
-        print(f"extra full copy: {r['full_copy_cost_mib']:.1f} MiB; extra LoRA variants: {r['lora_marginal_cost_mib']} MiB "
+        print(f"extra full copy: {r['full_copy_cost_mib']:.1f} MiB; "
+              f"extra LoRA variants: {r['lora_marginal_cost_mib']} MiB "
               f"(median {r['lora_cost_median_mib']:.1f} MiB = {r['lora_cost_vs_adapter']:.1f}x its adapter, "
               f"{r['lora_cost_vs_full']}x a full copy)")
         print(f"answers: {r['answers_check']}")

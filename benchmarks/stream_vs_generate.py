@@ -33,9 +33,9 @@ from transformers.generation.streamers import BaseStreamer  # noqa: E402
 from rlhf.data.corpus import sample_prompts  # noqa: E402
 from rlhf.models.chat_format import STOP_STRINGS, render_prompt  # noqa: E402
 from rlhf.models.loading import load_causal_lm  # noqa: E402
-from tests.support.models import cached_model  # noqa: E402
 from tests.support.app import make_app, register_model  # noqa: E402
 from tests.support.live_server import LiveServer  # noqa: E402
+from tests.support.models import cached_model  # noqa: E402
 from webapp.core.settings import Settings  # noqa: E402
 
 DEFAULTS = Settings()  # the app's defaults

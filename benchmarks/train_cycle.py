@@ -29,9 +29,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from rlhf.generation import GenerationSettings, ModelPool, generate_chat  # noqa: E402
-from tests.support.models import cached_model  # noqa: E402
 from tests.support.app import make_app, register_model  # noqa: E402
 from tests.support.feedback_factory import seed_feedback  # noqa: E402
+from tests.support.models import cached_model  # noqa: E402
 
 
 def model_answers(model_dir: Path):

@@ -31,9 +31,9 @@ import requests  # noqa: E402
 
 from benchmarks.stream_vs_generate import streamed_http  # noqa: E402
 from rlhf.data.corpus import sample_prompts  # noqa: E402
-from tests.support.models import cached_model  # noqa: E402
 from tests.support.app import make_app, register_model  # noqa: E402
 from tests.support.live_server import LiveServer  # noqa: E402
+from tests.support.models import cached_model  # noqa: E402
 
 
 def loadavg() -> list[float]:

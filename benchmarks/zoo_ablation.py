@@ -45,9 +45,9 @@ import torch  # noqa: E402
 from benchmarks.closed_loop import auc  # noqa: E402
 from rlhf.cycle import run_cycle  # noqa: E402
 from rlhf.data.records import ConversationRecord  # noqa: E402
+from rlhf.models import sampling  # noqa: E402
 from rlhf.models.chat_format import end_of_turn_token  # noqa: E402
 from rlhf.models.loading import load_causal_lm  # noqa: E402
-from rlhf.models import sampling  # noqa: E402
 from rlhf.reward.scoring import load_reward_model, score_texts  # noqa: E402
 from rlhf.settings import CycleSettings, EvalSettings  # noqa: E402
 from rlhf.sim.preferences import ZOO, preference  # noqa: E402
@@ -221,7 +221,8 @@ def main() -> None:
             print(json.dumps({k: row[k] for k in ("preference", "variant", "events", "rm_heldout_accuracy", "rm",
                                                   "parent", "candidate", "p_value", "win", "gate", "kl", "cycle_s")}),
                   flush=True)
-    out = {"rows": rows, "events": args.events, "seed": args.seed, "questions": args.questions, "wall_s": round(time.perf_counter() - t0, 1),
+    out = {"rows": rows, "events": args.events, "seed": args.seed, "questions": args.questions,
+           "wall_s": round(time.perf_counter() - t0, 1),
            "load_average": {"start": [round(x, 2) for x in load0], "end": [round(x, 2) for x in os.getloadavg()]}}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, default=str))

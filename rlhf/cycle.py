@@ -9,25 +9,25 @@ from __future__ import annotations
 import resource
 import tempfile
 import time
-
-import torch
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import torch
+
 from rlhf.data.datasets import DatasetBundle, build_datasets, question_key
 from rlhf.data.records import ConversationRecord
+from rlhf.data.stage_sizing import DataSize, NotEnoughData, policy_prompts  # noqa: F401 (NotEnoughData: part of the cycle's API)
 from rlhf.gate.evaluation import evaluate_candidate
 from rlhf.models.adapters import is_adapter
 from rlhf.models.loading import load_causal_lm, resolve_device
 from rlhf.policy.algorithms import PolicyJob, algorithm, check_settings, size_stages
+from rlhf.progress import ProgressFn
 from rlhf.reward.training import train_reward_model
 from rlhf.settings import CycleSettings
 from rlhf.training import distributed
 from rlhf.training.curves import TrainingLogs
 from rlhf.trust import RaterInfo, trusted_bundle
-from rlhf.data.stage_sizing import DataSize, NotEnoughData, policy_prompts  # noqa: F401 (NotEnoughData: part of the cycle's API)
-from rlhf.progress import ProgressFn
 
 LogFn = Callable[[str], None]
 

@@ -11,7 +11,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from tests.support.app import ApiClient, SETTING_ENV_KEYS, database_url_for, make_app, register_model  # noqa: E402
+from tests.support.app import SETTING_ENV_KEYS, ApiClient, database_url_for, make_app, register_model  # noqa: E402
 from tests.support.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from tests.support.models import cached_model  # noqa: E402
 

@@ -43,17 +43,17 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     limiter.init_app(app)
 
     from webapp import cli
-    from webapp.admin import json_api as admin_json_api
     from webapp.admin import auth as admin_auth
+    from webapp.admin import json_api as admin_json_api
     from webapp.admin import pages as admin_pages
-    from webapp.openai_api import keys_admin
-    from webapp.openai_api import routes as openai_routes
     from webapp.chat import account as account_api
-    from webapp.chat import routes as chat_routes
     from webapp.chat import pages
+    from webapp.chat import routes as chat_routes
     from webapp.chat import session as session_api
     from webapp.core import errors, identity, security
     from webapp.core.validation import IdConverter
+    from webapp.openai_api import keys_admin
+    from webapp.openai_api import routes as openai_routes
     from webapp.safety import pages as safety_pages
 
     identity.init_app(app)

@@ -18,7 +18,6 @@ if schema_problem(app):
     raise SystemExit(f"Error: {schema_problem(app)}")
 if app.config["RLHF_AUTO_INIT_MODEL"]:
     from rlhf.progress import StageBars
-
     from webapp.serving.versions import ensure_base_version
 
     with app.app_context(), StageBars() as bars:

@@ -24,9 +24,9 @@ Rules (each produces rows tagged with their ``source``):
   the same answer under another user's question, the one with the fewest words in common of a
   few drawn (the random negatives of response selection). Their sides differ only in the question,
   so they teach what no style feature can: that an answer must fit what was asked.
-* kto (``prompt``/``completion``/``label``): every answer with a thumb or rating (label = score
-  > 0; a liked answer cut at the generation limit is left out: counted as ``liked_but_cut``), corrections (True) and the answers they replace (False), vote winners (True) and
-  losers (False), both answers of a "both bad" vote (False).
+* kto (``prompt``/``completion``/``label``): every answer with a thumb or rating (label = score > 0; a liked
+  answer cut at the generation limit is left out: counted as ``liked_but_cut``), corrections (True) and the
+  answers they replace (False), vote winners (True) and losers (False), both answers of a "both bad" vote (False).
 * sft (``prompt``/``completion``): the positive half of the kto rows.
 * prompts (``prompt``): every user turn with its history, for PPO/RLOO rollouts.
 
@@ -158,7 +158,8 @@ def _add_kto(kto: _Collector, split: str, prompt: Messages, text: str, label: bo
             _key(history_text(prompt), text, label), [text], source, raters)
 
 
-def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSettings = DataSettings()) -> DatasetBundle:
+def build_datasets(conversations: Iterable[ConversationRecord],
+                   settings: DataSettings = DataSettings()) -> DatasetBundle:
     pairs, kto, prompts = _Collector(settings), _Collector(settings), _Collector(settings)
     totals: Counter = Counter()
     # answers to first questions, grouped by the question's text, for same_prompt pairs
@@ -265,7 +266,8 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
 
     # pairs whose chosen and rejected texts are identical teach nothing
     for split in ("train", "eval"):
-        kept = [r for r in pairs.rows[split] if r["chosen"][0]["content"].strip() != r["rejected"][0]["content"].strip()]
+        kept = [r for r in pairs.rows[split]
+                if r["chosen"][0]["content"].strip() != r["rejected"][0]["content"].strip()]
         pairs.dropped["identical"] += len(pairs.rows[split]) - len(kept)
         pairs.rows[split] = kept
 
@@ -294,7 +296,7 @@ def build_datasets(conversations: Iterable[ConversationRecord], settings: DataSe
     return bundle
 
 
-RatedAnswer = tuple[str, int, Messages, str, float, tuple[int, ...]]  # split, conversation, prompt, answer, score, raters
+RatedAnswer = tuple[str, int, Messages, str, float, tuple[int, ...]]  # split, conv. id, prompt, answer, score, raters
 
 
 def prompt_key(prompt: Messages) -> str:

@@ -42,7 +42,6 @@ from rlhf.reward.criteria_heads import CriteriaScorer
 from rlhf.reward.scoring import load_reward_model, score_texts
 from rlhf.settings import EvalSettings, GateThresholds
 
-
 PASSED, REJECTED, NOT_ENOUGH_EVIDENCE = "passed", "rejected", "not enough evidence"
 
 

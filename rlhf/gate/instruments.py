@@ -9,9 +9,8 @@
 """
 from __future__ import annotations
 
-from typing import Any
-
 import math
+from typing import Any
 
 import torch
 from scipy.stats import binomtest, ttest_1samp, wilcoxon

@@ -128,7 +128,8 @@ def _gguf_config(gguf: tuple[str, str], source: str, setting: str) -> Any:
     from transformers.utils import is_gguf_available
 
     if not is_gguf_available():
-        raise ModelLoadError(f"{setting}={source!r} is a GGUF file: reading one needs the gguf package (pip install gguf)")
+        raise ModelLoadError(f"{setting}={source!r} is a GGUF file: reading one needs the gguf package "
+                             "(pip install gguf)")
     try:
         return AutoConfig.from_pretrained(gguf[0], gguf_file=gguf[1])
     except Exception as exc:  # as in _load_gguf
@@ -139,8 +140,10 @@ def _check_architecture(source: str, setting: str) -> None:
     """The model type must have a causal-LM class (the policy) and a sequence-classification class
     (the reward and value models start from the policy's backbone)."""
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    )
 
     local = Path(str(source)).expanduser()
     gguf = gguf_file(source, setting)
@@ -148,7 +151,8 @@ def _check_architecture(source: str, setting: str) -> None:
             and (not local.is_dir() or is_adapter(local)):
         return  # load_causal_lm says what is wrong with such a directory
     try:
-        model_type = (_gguf_config(gguf, source, setting) if gguf else AutoConfig.from_pretrained(str(source))).model_type
+        model_type = (_gguf_config(gguf, source, setting) if gguf
+                      else AutoConfig.from_pretrained(str(source))).model_type
     except (OSError, ValueError, KeyError) as exc:
         hint = "" if Path(str(source)).exists() else " (not a local directory; hub ids need internet access)"
         raise ModelLoadError(f"{setting}={source!r} could not be loaded{hint}: {_one_line(exc)}") from exc

@@ -15,7 +15,8 @@ from rlhf.settings import EvalSettings
 
 
 @torch.no_grad()
-def sample_answers(model: Any, tok: Any, prompts: list[str], settings: EvalSettings) -> tuple[list[str], list[list[int]], list[list[int]]]:
+def sample_answers(model: Any, tok: Any, prompts: list[str],
+                   settings: EvalSettings) -> tuple[list[str], list[list[int]], list[list[int]]]:
     """Answers (text), prompt ids and answer ids (up to and including EOS or the end-of-turn token)."""
     texts, prompt_ids, answer_ids = [], [], []
     ends = end_ids(tok)  # EOS and the template's end-of-turn token (Llama-3's <|eot_id|> is not EOS)

@@ -8,7 +8,6 @@ change the parent; a failure leaves ``out_dir`` to be discarded by the caller.
 """
 from __future__ import annotations
 
-
 from pathlib import Path
 from typing import Any
 

@@ -8,7 +8,6 @@ them would silently drift. Equal weights leave the rows, and so the training, un
 """
 from __future__ import annotations
 
-
 import copy
 import tempfile
 from dataclasses import replace
@@ -21,9 +20,16 @@ from transformers import AutoModelForSequenceClassification
 
 from rlhf.data.datasets import to_standard
 from rlhf.models.chat_format import end_of_turn_token
-from rlhf.models.loading import resolve_device
-from rlhf.models.loading import context_length
-from rlhf.policy.common import prompt_text_within, callbacks, common_args, history, load_policy, lora_config, save_policy
+from rlhf.models.loading import context_length, resolve_device
+from rlhf.policy.common import (
+    callbacks,
+    common_args,
+    history,
+    load_policy,
+    lora_config,
+    prompt_text_within,
+    save_policy,
+)
 from rlhf.progress import ProgressFn
 from rlhf.reward.scoring import score_texts
 from rlhf.settings import PolicySettings
@@ -68,10 +74,12 @@ def train_dpo(policy_dir: str | Path, train_pairs: list[dict], out_dir: str | Pa
     train_pairs = resample_by_weight(train_pairs, settings.seed)
     # keep_end: an over-long pair loses the start of its prompt; TRL's default (keep_start) drops
     # pairs whose prompt fills the context, which left small data sets with nothing to train on
-    result, log, rows, ranks = _offline(DPOTrainer, DPOConfig, policy_dir, train_pairs, ("prompt", "chosen", "rejected"),
-                                 out_dir, settings, device, progress, logs, truncation_mode="keep_end")
-    return {"algorithm": "dpo", "pairs": len(rows), "steps": result.global_step, "train_loss": round(result.training_loss, 4),
-            "lora": settings.lora, **ranks, **history(log, ("rewards/accuracies", "rewards/margins", "loss"))}
+    result, log, rows, ranks = _offline(DPOTrainer, DPOConfig, policy_dir, train_pairs,
+                                        ("prompt", "chosen", "rejected"), out_dir, settings, device, progress, logs,
+                                        truncation_mode="keep_end")
+    return {"algorithm": "dpo", "pairs": len(rows), "steps": result.global_step,
+            "train_loss": round(result.training_loss, 4), "lora": settings.lora, **ranks,
+            **history(log, ("rewards/accuracies", "rewards/margins", "loss"))}
 
 
 def train_kto(policy_dir: str | Path, train_examples: list[dict], out_dir: str | Path,
@@ -87,9 +95,10 @@ def train_kto(policy_dir: str | Path, train_examples: list[dict], out_dir: str |
     if not positives or not negatives:
         raise ValueError("KTO needs both good and bad examples")
     # balance the classes as the KTO paper recommends
-    result, log, rows, ranks = _offline(KTOTrainer, KTOConfig, policy_dir, train_examples, ("prompt", "completion", "label"),
-                                 out_dir, settings, device, progress, logs, desirable_weight=1.0,
-                                 undesirable_weight=max(0.5, min(2.0, positives / negatives)))
+    result, log, rows, ranks = _offline(KTOTrainer, KTOConfig, policy_dir, train_examples,
+                                        ("prompt", "completion", "label"), out_dir, settings, device, progress, logs,
+                                        desirable_weight=1.0,
+                                        undesirable_weight=max(0.5, min(2.0, positives / negatives)))
     return {"algorithm": "kto", "examples": len(rows), "positives": positives, "steps": result.global_step,
             "train_loss": round(result.training_loss, 4), "lora": settings.lora, **ranks,
             **history(log, ("rewards/chosen_sum", "rewards/rejected_sum", "kl", "loss"))}

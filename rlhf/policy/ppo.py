@@ -4,7 +4,6 @@ constraint (rlhf.reward.criteria_heads.CostConstraint). Prompts are not weighted
 quarantined raters are already gone from the bundle."""
 from __future__ import annotations
 
-
 import copy
 import tempfile
 from pathlib import Path
@@ -15,8 +14,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from rlhf.models.chat_format import end_of_turn_id, end_of_turn_token
-from rlhf.models.loading import resolve_device
-from rlhf.models.loading import context_length
+from rlhf.models.loading import context_length, resolve_device
 from rlhf.policy.common import callbacks, common_args, history, load_policy, lora_config, save_policy
 from rlhf.progress import ProgressFn
 from rlhf.reward.criteria_heads import CostConstraint, cost_weight, safety_calibration

@@ -3,7 +3,6 @@ each one's advantage taken against the mean of the others (no value model). Prom
 weighted: the prompts of quarantined raters are already gone from the bundle."""
 from __future__ import annotations
 
-
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -13,9 +12,16 @@ from datasets import Dataset
 from transformers import AutoModelForSequenceClassification
 
 from rlhf.models.chat_format import end_of_turn_token
-from rlhf.models.loading import resolve_device
-from rlhf.models.loading import context_length
-from rlhf.policy.common import prompt_text_within, callbacks, common_args, history, load_policy, lora_config, save_policy
+from rlhf.models.loading import context_length, resolve_device
+from rlhf.policy.common import (
+    callbacks,
+    common_args,
+    history,
+    load_policy,
+    lora_config,
+    prompt_text_within,
+    save_policy,
+)
 from rlhf.progress import ProgressFn
 from rlhf.reward.scoring import score_texts
 from rlhf.settings import PolicySettings

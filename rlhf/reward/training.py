@@ -23,16 +23,29 @@ from datasets import Dataset
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rlhf.data.criteria import CRITERIA, SAFETY
-from rlhf.training import distributed
-from rlhf.reward.criteria_heads import HEADS_FILE, HELPFULNESS, INFO_FILE, CriteriaScorer, answer_texts, fit_calibration, \
-    set_scalar_head
 from rlhf.data.datasets import to_standard
-from rlhf.models.loading import resolve_device
-from rlhf.models.loading import context_length
+from rlhf.models.loading import context_length, resolve_device
 from rlhf.progress import ProgressFn
+from rlhf.reward.criteria_heads import (
+    HEADS_FILE,
+    HELPFULNESS,
+    INFO_FILE,
+    CriteriaScorer,
+    answer_texts,
+    fit_calibration,
+    set_scalar_head,
+)
 from rlhf.reward.scoring import pairwise_accuracy
 from rlhf.settings import CriteriaSettings, RewardSettings
-from rlhf.training.trl_utils import ProgressCallback, attach_logs, drop_printer, quiet_trl, report_to, training_precision
+from rlhf.training import distributed
+from rlhf.training.trl_utils import (
+    ProgressCallback,
+    attach_logs,
+    drop_printer,
+    quiet_trl,
+    report_to,
+    training_precision,
+)
 from rlhf.trust import normalized_weights
 
 
@@ -130,7 +143,8 @@ def weighted_reward_trainer() -> tuple[type, type]:
     return _WEIGHTED["trainer"], _WEIGHTED["collator"]
 
 
-def criterion_heads(criteria_rows: dict[str, list[dict]] | None, settings: CriteriaSettings) -> tuple[list[str], dict[str, str]]:
+def criterion_heads(criteria_rows: dict[str, list[dict]] | None,
+                    settings: CriteriaSettings) -> tuple[list[str], dict[str, str]]:
     """The heads a reward model trains: helpfulness first, then each criterion with at least
     ``settings.min_pairs`` training pairs (``[]`` when none has: one head, trained as before), and
     why each other criterion was left out."""
@@ -151,7 +165,8 @@ def tokenized_criterion_pairs(tokenizer: Any, rows: list[dict], heads: list[str]
         text = answer_texts(tokenizer, [prompt], [answer])[0]
         return tokenizer(text, add_special_tokens=False)["input_ids"][-max_length:]
 
-    out = [{"chosen_ids": ids(r["chosen_prompt"], r["chosen"]), "rejected_ids": ids(r["rejected_prompt"], r["rejected"]),
+    out = [{"chosen_ids": ids(r["chosen_prompt"], r["chosen"]),
+            "rejected_ids": ids(r["rejected_prompt"], r["rejected"]),
             "margin": float(r.get("margin", 0.0))} for r in rows]
     if heads:
         for row, r in zip(out, rows):
@@ -183,7 +198,8 @@ def _criteria_outcome(model: Any, tokenizer: Any, heads: list[str], left_out: di
 
         def costs(items: dict, side: str) -> list[float]:
             vals = list(items.values())
-            return scorer.score_answers([r[f"{side}_prompt"] for r in vals], [r[side] for r in vals])[SAFETY] if vals else []
+            return (scorer.score_answers([r[f"{side}_prompt"] for r in vals], [r[side] for r in vals])[SAFETY]
+                    if vals else [])
 
         calibration[SAFETY] = fit_calibration(costs(costly, "chosen"), costs(safe, "rejected"))
     out["calibration"] = calibration
@@ -279,7 +295,8 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
         "train_pairs": len(train_rows), "rated_pairs": len(rated), "eval_pairs": len(eval_rows),
         "steps": result.global_step,
         "train_loss": round(result.training_loss, 4), "weighted": weights is not None,
-        "train_accuracy": round(sum(logged) / len(logged), 4) if logged else pairwise_accuracy(model, tokenizer, train_rows),
+        "train_accuracy": (round(sum(logged) / len(logged), 4) if logged
+                           else pairwise_accuracy(model, tokenizer, train_rows)),
         "heldout_accuracy": pairwise_accuracy(model, tokenizer, eval_rows),
         "criteria": {"heads": [], "left_out": left_out} if outcome is None else
         {k: v for k, v in outcome.items() if not k.startswith("_")},

@@ -11,9 +11,20 @@ Pure Python: no Flask, no database (the web layer stores rules and interventions
 from __future__ import annotations
 
 from rlhf.safety.checker import RiskFn, StreamChecker, Violation, check_text
-from rlhf.safety.rail import ACTIONS, DEFAULT_REFUSAL, Block, RailedStream, Outcome, RailPolicy, Rail, railed_result
-from rlhf.safety.rules import (KINDS, MAX_PATTERN_CHARS, MAX_PHRASE_CHARS, PRESETS, Rule, build_rule, build_rules, iban_ok,
-                    luhn_ok, validate_pattern, validate_phrase)
+from rlhf.safety.rail import ACTIONS, DEFAULT_REFUSAL, Block, Outcome, Rail, RailedStream, RailPolicy, railed_result
+from rlhf.safety.rules import (
+                    KINDS,
+                    MAX_PATTERN_CHARS,
+                    MAX_PHRASE_CHARS,
+                    PRESETS,
+                    Rule,
+                    build_rule,
+                    build_rules,
+                    iban_ok,
+                    luhn_ok,
+                    validate_pattern,
+                    validate_phrase,
+)
 
 __all__ = [
     "ACTIONS", "Block", "DEFAULT_REFUSAL", "RailedStream", "KINDS", "MAX_PATTERN_CHARS", "MAX_PHRASE_CHARS",

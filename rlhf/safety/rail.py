@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
 from rlhf.generation.pool import GenerationResult
-
 from rlhf.safety.checker import RiskFn, StreamChecker, Violation, check_text
 from rlhf.safety.rules import Rule
 

@@ -378,7 +378,8 @@ def simulate_records(groups: Sequence[tuple[int, int, str | PreferenceFn, Behavi
     for n, each, pref, behaviour in groups:
         for _ in range(n):
             uid = len(users) + 1
-            users.append((OfflineUser(uid, pref, seed=rng.randrange(2**31), behaviour=behaviour, answers=answers), each))
+            users.append((OfflineUser(uid, pref, seed=rng.randrange(2**31), behaviour=behaviour, answers=answers),
+                          each))
             label[uid] = ("contrary " if behaviour.contrary else "") + getattr(pref, "__name__", str(pref))
     turns = [u for u, each in users for _ in range(each)]
     rng.shuffle(turns)

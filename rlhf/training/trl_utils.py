@@ -52,7 +52,8 @@ class CurvesCallback(TrainerCallback):
 
 
 def report_to(logs: Any) -> list[str]:
-    """``report_to`` of a trainer's config: TensorBoard when ``logs`` (rlhf.training.curves.TrainingLogs) asks for it."""
+    """``report_to`` of a trainer's config: TensorBoard when ``logs`` (rlhf.training.curves.TrainingLogs)
+    asks for it."""
     return ["tensorboard"] if logs is not None and logs.tensorboard_dir else []
 
 

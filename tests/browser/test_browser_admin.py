@@ -7,8 +7,8 @@ import pytest
 import requests
 
 from rlhf.data.corpus import sample_prompts
-from tests.support.browser_checks import XSS, XSS_PAYLOADS, admin_login, assert_nothing_injected, watch_csp
 from tests.support.app import make_app, register_model
+from tests.support.browser_checks import XSS, XSS_PAYLOADS, admin_login, assert_nothing_injected, watch_csp
 from tests.support.live_server import LiveServer
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db

@@ -17,15 +17,27 @@ import pytest
 
 from rlhf.data.corpus import sample_prompts
 from tests.support.accessibility import assert_accessible
-from tests.support.browser_checks import admin_login
 from tests.support.app import make_app, register_model
+from tests.support.browser_checks import admin_login
 from tests.support.feedback_factory import add_exchange
 from tests.support.live_server import LiveServer
 from webapp.admin.auth import set_admin_password
-from webapp.core.raters import set_trust, store_assessments
 from webapp.core.extensions import db
-from webapp.core.models import (AnswerScore, Assignment, AuditEvent, Comparison, Conversation, Experiment, Feedback,
-                           Message, ModelVersion, TrainingRun, User, utcnow)
+from webapp.core.models import (
+    AnswerScore,
+    Assignment,
+    AuditEvent,
+    Comparison,
+    Conversation,
+    Experiment,
+    Feedback,
+    Message,
+    ModelVersion,
+    TrainingRun,
+    User,
+    utcnow,
+)
+from webapp.core.raters import set_trust, store_assessments
 
 pytestmark = pytest.mark.browser
 
@@ -65,7 +77,8 @@ def seed_dashboard(app, model_dir: Path, instance: Path) -> None:
     rm_metrics = {"heldout_accuracy": 0.81, "eval_pairs": 42, "train_pairs": 171, "train_accuracy": 0.9}
     # the run with flags and chips: criterion heads, per-criterion scores, the safety constraint
     criteria = {"heads": ["helpfulness", "safety", "politeness", "concision"],
-                "left_out": {"accuracy": "0 training pairs, fewer than 8", "relevance": "3 training pairs, fewer than 8"},
+                "left_out": {"accuracy": "0 training pairs, fewer than 8",
+                             "relevance": "3 training pairs, fewer than 8"},
                 "heldout_accuracy": {"safety": 0.94, "politeness": 0.88, "concision": 0.91},
                 "weights": {"helpfulness": 1.0, "politeness": 0.5, "concision": 0.5}}
     safety_evaluation = {**evaluation, "criteria": {

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from tests.support.browser_checks import XSS, assert_nothing_injected, watch_csp, watch_dialogs
 from tests.support.app import make_app
+from tests.support.browser_checks import XSS, assert_nothing_injected, watch_csp, watch_dialogs
 from tests.support.live_server import chat_server_fixture
 from webapp.chat.conversations import clean_title
 from webapp.core.extensions import db

@@ -9,10 +9,10 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.support.browser_checks import watch_csp
-from tests.support.app import make_app, register_model
-from tests.support.live_server import LiveServer
 from tests.browser.test_browser_chat import send, wait_for_answers
+from tests.support.app import make_app, register_model
+from tests.support.browser_checks import watch_csp
+from tests.support.live_server import LiveServer
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import Experiment, Message

@@ -7,14 +7,16 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from tests.support.accessibility import assert_accessible
 from tests.browser.test_browser_chat import send, wait_for_answers
-from tests.browser.test_browser_chat_features import (chat_server, open_page, seed, seed_everything, shot,  # noqa: F401
-                                              show, store)
+from tests.browser.test_browser_chat_features import seed, seed_everything, shot, show
+from tests.support.accessibility import assert_accessible
+from tests.support.live_server import chat_server_fixture
 from webapp.core.extensions import db
 from webapp.core.models import Conversation, Message
 
 pytestmark = pytest.mark.browser
+
+chat_server = chat_server_fixture("browser-mobile")
 
 PHONE = {"width": 390, "height": 844}
 
@@ -55,7 +57,7 @@ COMPOSER_FIT = """() => {
 
 
 @pytest.fixture
-def phone(open_page):  # noqa: F811
+def phone(open_page):
     def opener(**options):
         return open_page(viewport=PHONE, is_mobile=True, has_touch=True, **options)
     return opener
@@ -65,7 +67,7 @@ def focus_in(page, selector: str) -> bool:
     return page.evaluate("(s) => document.querySelector(s).contains(document.activeElement)", selector)
 
 
-def test_drawer_opens_closes_and_keeps_the_focus(phone, store):  # noqa: F811
+def test_drawer_opens_closes_and_keeps_the_focus(phone, store):
     page = phone()
     older = seed(store, page, [("How do I cook rice?", ["Rinse it."])], title="Rice")
     current = seed(store, page, [("Running tips?", ["Start slowly."])], title="Running")
@@ -128,7 +130,7 @@ def test_drawer_opens_closes_and_keeps_the_focus(phone, store):  # noqa: F811
             ["user", "assistant"]
 
 
-def test_tap_targets_are_at_least_44px_and_the_composer_fits(phone, store):  # noqa: F811
+def test_tap_targets_are_at_least_44px_and_the_composer_fits(phone, store):
     page = phone()
     assert page.evaluate(TAP_TARGETS) == []  # the welcome screen
     fit = page.evaluate(COMPOSER_FIT)
@@ -160,7 +162,7 @@ def test_tap_targets_are_at_least_44px_and_the_composer_fits(phone, store):  # n
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
-def test_phone_is_accessible_in_light_and_dark(phone, store, scheme):  # noqa: F811
+def test_phone_is_accessible_in_light_and_dark(phone, store, scheme):
     page = phone(color_scheme=scheme)
     assert_accessible(page, f"phone welcome, {scheme}")
     ids = seed_everything(store, page)

@@ -12,15 +12,18 @@ import pytest
 from playwright.sync_api import expect
 
 from rlhf.data.criteria import FLAG_CATEGORIES
+from tests.browser.test_browser_chat_features import DESKTOP, seed, shot, show
+from tests.browser.test_browser_chat_mobile import PHONE, TAP_TARGETS
 from tests.support.accessibility import assert_accessible
 from tests.support.browser_checks import admin_login, assert_nothing_injected
-from tests.browser.test_browser_chat_features import DESKTOP, chat_server, open_page, seed, shot, show, store  # noqa: F401
-from tests.browser.test_browser_chat_mobile import PHONE, TAP_TARGETS
+from tests.support.live_server import chat_server_fixture
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import Conversation, Flag, utcnow
 
 pytestmark = pytest.mark.browser
+
+chat_server = chat_server_fixture("browser-flags")
 
 LABELS = dict(FLAG_CATEGORIES)
 NOTE = "It used a <b>slur</b> & told me to <script>window.__xss=1</script> leave"
@@ -35,7 +38,7 @@ def answer_node(page, message_id: int):
     return page.locator(f".assistant-message[data-id='{message_id}']")
 
 
-def test_flag_an_answer_reload_admin_sees_it_then_unflag(browser, chat_server, open_page, store):  # noqa: F811
+def test_flag_an_answer_reload_admin_sees_it_then_unflag(browser, chat_server, open_page, store):
     page = open_page()
     ids = seed(store, page, [("How do I cook rice?", ["Rinse it, then simmer it."]),
                              ("And pasta?", ["Boil water, add salt."])], title="Flag me")
@@ -134,7 +137,7 @@ def test_flag_an_answer_reload_admin_sees_it_then_unflag(browser, chat_server, o
     assert flags_of(store, first) == []
 
 
-def test_a_failed_flag_is_explained_in_the_menu(open_page, store):  # noqa: F811
+def test_a_failed_flag_is_explained_in_the_menu(open_page, store):
     page = open_page()
     ids = seed(store, page, [("How do I cook rice?", ["Rinse it, then simmer it."])], title="Gone soon")
     answer = ids["answers"][0][0]
@@ -156,7 +159,7 @@ def test_a_failed_flag_is_explained_in_the_menu(open_page, store):  # noqa: F811
     assert flags_of(store, answer) == []
 
 
-def test_flag_menu_on_a_phone(open_page, store):  # noqa: F811
+def test_flag_menu_on_a_phone(open_page, store):
     page = open_page(viewport=PHONE, is_mobile=True, has_touch=True)
     ids = seed(store, page, [("How do I cook rice?", ["Rinse it, then simmer it."])], title="Phone flag")
     answer = ids["answers"][0][0]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.support.accessibility import assert_accessible
-from tests.support.browser_checks import admin_login
 from tests.support.app import make_app
+from tests.support.browser_checks import admin_login
 from tests.support.live_server import live_instance
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db

@@ -10,8 +10,8 @@ import pytest
 
 from rlhf.training.curves import CurvesFile
 from tests.support.accessibility import assert_accessible
-from tests.support.browser_checks import watch_csp
 from tests.support.app import make_app, register_model
+from tests.support.browser_checks import watch_csp
 from tests.support.feedback_factory import seed_feedback
 from tests.support.live_server import LiveServer
 from webapp.admin.auth import set_admin_password

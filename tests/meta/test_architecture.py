@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.paths import ROOT  # noqa: E402
+
 FEATURES = ("core", "serving", "experiments", "chat", "training", "admin", "safety", "openai_api")
 # rlhf/'s stages, bottom up: a module may import its own stage and the stages on lower levels only.
 # The top-level modules settings, algorithms and progress are the shared vocabulary; cycle runs it all.

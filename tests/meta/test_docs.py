@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.history import history
 from tests.support.paths import ROOT  # noqa: E402
+
 DOCS = sorted((ROOT / "docs").rglob("*.md"))
 MARKDOWN = [ROOT / "README.md", *DOCS]
 RESULTS = [ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "RESULTS.notes.md"]

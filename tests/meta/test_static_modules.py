@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 from tests.meta.test_architecture import architecture_map, find_cycle
-
 from tests.support.paths import ROOT  # noqa: E402
+
 JS = ROOT / "static" / "js"
 MAX_LINES = 400
 FETCH_HELPER = JS / "http.js"

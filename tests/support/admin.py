@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import re
 
-
 from tests.support.app import make_app, register_model
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db

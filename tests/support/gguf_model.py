@@ -46,7 +46,8 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_smollm2_gguf(path: str | Path, vocab_size: int = 400, seed: int = 0, quantize: bool = True) -> tuple[Any, Any]:
+def write_smollm2_gguf(path: str | Path, vocab_size: int = 400, seed: int = 0,
+                       quantize: bool = True) -> tuple[Any, Any]:
     """Write a tiny SmolLM2-shaped model as one GGUF file at ``path``; return the (model, tokenizer)
     it was made from. ``quantize``: the 2-D weights as Q8_0 (the norms stay F32), as published
     files mix them."""

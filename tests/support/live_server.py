@@ -2,7 +2,8 @@
 
 :class:`LiveServer` serves an instance folder as it is; :func:`live_instance` is the one way a test
 sets one up first (the app's tables, a model registered as the active version, the test's own rows)
-and serves it; :func:`chat_server_fixture` is that on the embedded default model as a fixture.
+and serves it; :func:`chat_server_fixture` is that on the embedded default model as a fixture,
+:func:`v1_server_fixture` on the micro model with /v1 API keys.
 """
 from __future__ import annotations
 
@@ -117,3 +118,25 @@ def chat_server_fixture(name: str):
             yield live.server, live.instance
 
     return chat_server
+
+
+def v1_server_fixture(name: str):
+    """A module-scoped fixture: the production server on the micro model (answers of at most 60 tokens)
+    in a fresh instance folder, with /v1 API keys: "sdk", "front-a" and "front-b" (one front end,
+    "front"), "limited" (2 per hour), "doomed"; yields (server, instance, {key name: key})."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def live(tmp_path_factory, micro_model_dir):
+        from webapp.openai_api.keys import create_api_key
+
+        def keys(app):
+            return {name: create_api_key(name, client, rate_limit=limit)[1] for name, client, limit in
+                    (("sdk", None, None), ("front-a", "front", None), ("front-b", "front", None),
+                     ("limited", None, "2 per hour"), ("doomed", None, None))}
+
+        with live_instance(tmp_path_factory.mktemp(name) / "instance", micro_model_dir, keys,
+                           env={"RLHF_EMBEDDED_PRESET": "micro", "RLHF_MAX_NEW_TOKENS": "60"}) as live:
+            yield live.server, live.instance, live.prepared
+
+    return live

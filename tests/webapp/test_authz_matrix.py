@@ -238,9 +238,9 @@ def rail_rule(world) -> dict:
 
 def api_completion(world) -> dict:
     """A completion the world's "key" produced for one of its end users."""
-    from webapp.openai_api.users import anon_id_for
     from webapp.core.extensions import db
     from webapp.core.models import Conversation, Message, User
+    from webapp.openai_api.users import anon_id_for
 
     with world.app.app_context():
         user = User(anon_id=anon_id_for("authz-front", f"end-user-{next(_ids)}"))

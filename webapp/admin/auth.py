@@ -22,8 +22,15 @@ from webapp.core.extensions import db, limiter
 from webapp.core.identity import is_admin
 from webapp.core.models import SigninFailure, User, utcnow
 from webapp.core.security import address_key
-from webapp.core.signin import (check_password, clean_username, end_all_sessions, find_user, sign_in, sign_out,
-                                username_key)
+from webapp.core.signin import (
+    check_password,
+    clean_username,
+    end_all_sessions,
+    find_user,
+    sign_in,
+    sign_out,
+    username_key,
+)
 
 bp = Blueprint("admin_auth", __name__, url_prefix="/admin")
 

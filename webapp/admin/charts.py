@@ -181,7 +181,8 @@ def step_chart(title: str, lines: list[dict], percent: bool = False, width: int 
                      f'{_num_label(v, percent)}</text>')
     ticks_ = step_ticks(s_lo, s_hi)
     for i, step in enumerate(ticks_):
-        anchor = "start" if i == 0 and len(ticks_) > 1 else "end" if i == len(ticks_) - 1 and len(ticks_) > 1 else "middle"
+        anchor = ("start" if i == 0 and len(ticks_) > 1
+                  else "end" if i == len(ticks_) - 1 and len(ticks_) > 1 else "middle")
         parts.append(f'<text x="{x(step):.1f}" y="{height - 9}" text-anchor="{anchor}" class="chart-axis">'
                      f'{"step " if i == 0 else ""}{step}</text>')
     for line in lines:

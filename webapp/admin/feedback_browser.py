@@ -4,7 +4,6 @@ from __future__ import annotations
 from werkzeug.exceptions import BadRequest
 
 from rlhf.data.criteria import FLAG_VALUES
-
 from webapp.core.extensions import db
 from webapp.core.models import Conversation, Feedback, Flag, Message, ModelVersion, iso
 from webapp.core.ratings.flag import FLAG_LABELS
@@ -45,7 +44,8 @@ def feedback_page(args) -> dict:
             raise BadRequest("arm must be control or variant.")
         q = q.where(Message.arm == args["arm"])
     if args.get("version"):
-        q = q.join(ModelVersion, Message.model_version_id == ModelVersion.id).where(ModelVersion.name == args["version"])
+        q = (q.join(ModelVersion, Message.model_version_id == ModelVersion.id)
+             .where(ModelVersion.name == args["version"]))
     if args.get("has_correction") in ("1", "true", "yes"):
         q = q.where(Feedback.correction.is_not(None))
     if args.get("flag"):

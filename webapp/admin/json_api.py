@@ -8,23 +8,30 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
 from rlhf.algorithms import ALGORITHMS
-
 from webapp.admin.auth import admin_api, sign_user_out_everywhere
 from webapp.admin.feedback_browser import feedback_page
 from webapp.admin.raters import change_trust, rater_page
 from webapp.admin.runs import run_dict, run_or_404
 from webapp.core.display import display_paths
-from webapp.core.settings import current_settings
 from webapp.core.extensions import db
 from webapp.core.models import AuditEvent, Experiment, ModelVersion, TrainingRun, active_version
+from webapp.core.settings import current_settings
 from webapp.core.validation import bool_field, json_body
-from webapp.experiments.lifecycle import (conclude_experiment, create_experiment, get_experiment, promote_version,
-                                          rollback_version, set_split, start_experiment, stop_experiment)
+from webapp.experiments.lifecycle import (
+    conclude_experiment,
+    create_experiment,
+    get_experiment,
+    promote_version,
+    rollback_version,
+    set_split,
+    start_experiment,
+    stop_experiment,
+)
 from webapp.experiments.metrics import default_experiment, experiment_dict, experiment_metrics
 from webapp.training.curves import run_curves
+from webapp.training.jobs import training_in_progress
 from webapp.training.records import EXPORT_FORMATS, export_rows, feedback_event_count
 from webapp.training.runs import spawn_training
-from webapp.training.jobs import training_in_progress
 
 bp = Blueprint("admin_api", __name__, url_prefix="/api/admin")
 
@@ -87,7 +94,8 @@ def post_stop(key: str):
 def post_conclude(key: str):
     data = json_body({"decision"})
     exp = get_experiment(key)
-    snapshot = {m["name"]: {**m["comparison"], "sequential": m["sequential"]} for m in experiment_metrics(exp)["metrics"]}
+    snapshot = {m["name"]: {**m["comparison"], "sequential": m["sequential"]}
+                for m in experiment_metrics(exp)["metrics"]}
     return jsonify(experiment_dict(conclude_experiment(key, data.get("decision"), {"metrics": snapshot})))
 
 

@@ -14,18 +14,17 @@ from werkzeug.exceptions import NotFound
 from rlhf.algorithms import ALGORITHMS
 from rlhf.data.criteria import FLAG_CATEGORIES
 from rlhf.settings import CycleSettings
-
 from webapp.admin.auth import admin_page, recent_failures
 from webapp.admin.charts import curve_figures, line_chart
 from webapp.admin.feedback_browser import feedback_page
 from webapp.admin.raters import RATER_FILTERS, SORTS, STATUS_FILTERS, rater_page, trust_section
 from webapp.admin.runs import run_dict, run_or_404
 from webapp.core.display import display_path, display_text
-from webapp.core.settings import effective
 from webapp.core.extensions import db
 from webapp.core.models import AuditEvent, Experiment, Message, ModelVersion, TrainingRun, User, active_version, utcnow
 from webapp.core.ratings.stars import STARS
 from webapp.core.ratings.thumb import THUMBS
+from webapp.core.settings import effective
 from webapp.experiments.assignment import running_experiment
 from webapp.experiments.lifecycle import get_experiment
 from webapp.experiments.metrics import default_experiment, experiment_metrics

@@ -17,7 +17,6 @@ from flask_login import current_user
 from werkzeug.exceptions import BadRequest, NotFound
 
 from rlhf.trust.vocabulary import RATER_STATUSES, TRUST_LEVELS
-
 from webapp.core.audit import audit
 from webapp.core.extensions import db
 from webapp.core.models import IdentityOrigin, RaterAssessment, RaterTrust, User, iso, utcnow

@@ -25,8 +25,16 @@ from webapp.core.extensions import db, limiter
 from webapp.core.identity import current_visitor
 from webapp.core.models import User
 from webapp.core.security import address_key
-from webapp.core.signin import (check_password, clean_username, end_all_sessions, find_user, keep_this_session,
-                                sign_in, sign_out, username_key)
+from webapp.core.signin import (
+    check_password,
+    clean_username,
+    end_all_sessions,
+    find_user,
+    keep_this_session,
+    sign_in,
+    sign_out,
+    username_key,
+)
 from webapp.core.validation import json_body
 
 bp = Blueprint("account_api", __name__, url_prefix="/api/account")

@@ -16,7 +16,6 @@ from werkzeug.exceptions import BadRequest, NotFound
 
 from rlhf.generation import GenerationResult
 from rlhf.safety import Block
-
 from webapp.core.extensions import db
 from webapp.core.identity import is_admin
 from webapp.core.models import Comparison, Conversation, Feedback, Flag, Message, User, iso, utcnow

@@ -17,13 +17,28 @@ from typing import Iterator
 from flask import Blueprint, Response, current_app, jsonify, stream_with_context
 from werkzeug.exceptions import BadRequest, NotFound, ServiceUnavailable
 
-from rlhf.generation import (GenerationResult, InferenceServerError, LoadedModel, generate_chat, generate_chats,
-                             stream_chat)
+from rlhf.generation import (
+    GenerationResult,
+    InferenceServerError,
+    LoadedModel,
+    generate_chat,
+    generate_chats,
+    stream_chat,
+)
 from rlhf.safety import Block, RailedStream, railed_result
-
-from webapp.chat.conversations import (add_question, answerer_dict, comparison_dict, conversation_summary,
-                                       message_dict, own_answer_of_visitor, own_conversation, own_message,
-                                       resolve_parent, sees_arms, store_answer)
+from webapp.chat.conversations import (
+    add_question,
+    answerer_dict,
+    comparison_dict,
+    conversation_summary,
+    message_dict,
+    own_answer_of_visitor,
+    own_conversation,
+    own_message,
+    resolve_parent,
+    sees_arms,
+    store_answer,
+)
 from webapp.core.extensions import db
 from webapp.core.identity import current_visitor
 from webapp.core.models import Comparison, Conversation, Feedback, Flag, Message, User, history, utcnow

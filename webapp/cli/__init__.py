@@ -18,10 +18,10 @@ from webapp.cli.training import rl_train_command
 
 def init_app(app: Flask) -> None:
     from webapp.admin.auth import create_admin_command
-    from webapp.openai_api.keys import COMMANDS as api_key_commands
     from webapp.core.backup import backup_command
-    from webapp.core.restore import restore_command
     from webapp.core.database_copy import copy_database_command
+    from webapp.core.restore import restore_command
+    from webapp.openai_api.keys import COMMANDS as api_key_commands
 
     # commands that read or write the app's tables stop when the schema is not the code's
     for command in (init_model_command, serve_command, rl_train_command, export_feedback_command,

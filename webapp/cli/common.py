@@ -8,7 +8,6 @@ import click
 
 from rlhf.models.loading import ModelLoadError
 from rlhf.progress import StageBars
-
 from webapp.core.settings import ConfigError
 
 

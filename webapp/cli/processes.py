@@ -9,7 +9,6 @@ from flask import current_app
 
 from webapp.cli.common import ensure_model
 
-
 # Every streamed answer holds a request thread until it ends (the answers themselves are generated
 # by one batching thread per model): 32 threads serve 32 users streaming at once.
 SERVE_DEFAULTS = {"workers": 1, "threads": 32}

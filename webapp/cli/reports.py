@@ -72,8 +72,10 @@ def ab_report_lines(data: dict) -> list[str]:
 
 
 @click.command("settings")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of {name, env, group, value, default, source}.")
-@click.option("--markdown", is_flag=True, help="Print the configuration tables of docs/configuration.md (generated from the definitions).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON list of {name, env, group, value, default, source}.")
+@click.option("--markdown", is_flag=True,
+              help="Print the configuration tables of docs/configuration.md (generated from the definitions).")
 def settings_command(as_json: bool, markdown: bool) -> None:
     """Every setting's effective value and where it came from (default, a file, the environment,
     create_app). Secrets are masked."""

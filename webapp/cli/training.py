@@ -37,7 +37,6 @@ def rl_train_command(algorithm: str | None, min_feedback: int | None, max_steps:
 
     from rlhf.models.embedded import torch_threads
     from rlhf.training import distributed
-
     from webapp.training.runner import dumps, run_training
     from webapp.training.runs import EXIT_FAILED, EXIT_GATE_REJECTED, EXIT_REFUSED, RunRefused
 
@@ -92,7 +91,6 @@ def _join_training_processes() -> None:
 
     from rlhf.models.loading import resolve_device
     from rlhf.training import distributed
-
     from webapp.core.settings import current_settings
     from webapp.training.runs import EXIT_FAILED
 

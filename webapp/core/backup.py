@@ -202,7 +202,8 @@ def _snapshot_postgres(url: URL, target: Path) -> dict[str, Any]:
                                    f"--snapshot={snapshot}", f"--file={target}", conninfo],
                                   env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        raise BackupError(f"pg_dump failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+        raise BackupError("pg_dump failed: "
+                          f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
     return {"dialect": "postgresql", "file": PGDUMP_FILE, "counts": counts, "revision": revision,
             "model_paths": paths, "run_ids": runs}
 

@@ -22,8 +22,16 @@ from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from webapp.core.backup import (FILES_DIR, FORMAT, INSTANCE_FILES, MANIFEST, PGDUMP_FILE, SQLITE_FILE, BackupError,
-                                sha256)
+from webapp.core.backup import (
+    FILES_DIR,
+    FORMAT,
+    INSTANCE_FILES,
+    MANIFEST,
+    PGDUMP_FILE,
+    SQLITE_FILE,
+    BackupError,
+    sha256,
+)
 from webapp.core.settings.secret_key import is_published
 
 FIELDS = ("format", "created_at", "schema_revision", "instance_dir", "database", "files", "models_missing_at_backup")

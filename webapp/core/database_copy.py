@@ -31,7 +31,7 @@ def copy_database(target_url: str, progress: Callable[[str, int], None] = lambda
     from alembic import command
 
     from webapp.core import models  # noqa: F401 - the tables
-    from webapp.core.backup import BackupError, NOT_DATA, data_rows
+    from webapp.core.backup import NOT_DATA, BackupError, data_rows
     from webapp.core.schema_revision import alembic_config
 
     try:

@@ -1,8 +1,9 @@
 """The A/B metrics the app measures, defined once.
 
 Each: name, label, kind, higher is better (False: lower is better, e.g. the correction, regenerate
-and flagged rates, latency), and the per-user columns (webapp.experiments.table) whose ratio it is. The experiment metrics compute them, the promotion policy decides on one of
-them, and the settings check ``primary_metric`` against their names.
+and flagged rates, latency), and the per-user columns (webapp.experiments.table) whose ratio it
+is. The experiment metrics compute them, the promotion policy decides on one of them, and the
+settings check ``primary_metric`` against their names.
 """
 from __future__ import annotations
 

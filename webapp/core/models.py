@@ -12,13 +12,22 @@ from datetime import datetime, timezone
 from typing import Any, Optional
 
 from flask_login import UserMixin
-from sqlalchemy import (JSON, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, String, Text,
-                        UniqueConstraint)
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from rlhf.data.criteria import FLAG_VALUES
 from rlhf.trust.vocabulary import TRUST_LEVELS
-
 from webapp.core.extensions import db
 from webapp.core.instance_paths import resolve
 from webapp.core.ratings.stars import STARS

@@ -18,7 +18,6 @@ import math
 from typing import Any, Mapping
 
 from rlhf.trust.vocabulary import TRUST_LEVELS
-
 from webapp.core.extensions import db
 from webapp.core.models import RaterAssessment, RaterTrust, User, iso, utcnow
 

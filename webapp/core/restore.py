@@ -24,8 +24,16 @@ from flask import current_app
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection
 
-from webapp.core.backup import (FILES_DIR, NOT_DATA, BackupError, data_rows, libpq_target, pg_tool, sqlite_file,
-                                table_counts)
+from webapp.core.backup import (
+    FILES_DIR,
+    NOT_DATA,
+    BackupError,
+    data_rows,
+    libpq_target,
+    pg_tool,
+    sqlite_file,
+    table_counts,
+)
 from webapp.core.backup_manifest import read_manifest
 from webapp.core.extensions import db
 from webapp.core.private_files import copy_private, private_dir, private_dirs

@@ -17,7 +17,6 @@ from typing import Any
 from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
 from rlhf.models import registry
-
 from webapp.core.audit import audit
 from webapp.core.extensions import db
 from webapp.core.models import Experiment, ModelVersion, active_version, utcnow

@@ -25,8 +25,19 @@ from flask import current_app
 from webapp.core.display import display_path
 from webapp.core.extensions import db
 from webapp.core.instance_paths import resolve
-from webapp.core.models import (AnswerScore, Assignment, Comparison, Conversation, Experiment, Feedback, Flag,
-                                Message, history, iso, utcnow)
+from webapp.core.models import (
+    AnswerScore,
+    Assignment,
+    Comparison,
+    Conversation,
+    Experiment,
+    Feedback,
+    Flag,
+    Message,
+    history,
+    iso,
+    utcnow,
+)
 from webapp.core.raters import excluded_raters
 from webapp.core.ratings.thumb import THUMBS
 from webapp.experiments import sample_stats

@@ -16,7 +16,7 @@ import numpy as np
 from scipy import integrate, stats
 from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint, proportions_ztest
 
-from webapp.experiments.sequential_tests import ALPHA, Comparison, Estimate, NO_COMPARISON, oriented, zero_se_comparison
+from webapp.experiments.sequential_tests import ALPHA, NO_COMPARISON, Comparison, Estimate, oriented, zero_se_comparison
 
 # The Beta integral is taken over the variant posterior's central 1 - 2 * _TAIL mass.
 _TAIL = 1e-12

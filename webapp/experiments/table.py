@@ -4,9 +4,10 @@ Users are the unit of analysis (they are what is randomized): each user's answer
 ratings, corrections, regenerations, flags and compare votes are summed first, one row per user, each
 user's sums are scaled to weigh at most ``policy.user_cap`` observations (by default one: a user
 counts once however much they rate), and every metric is a ratio of sums over users with its
-delta-method variance (:func:`webapp.experiments.sequential_tests.ratio_arm`). ``webapp.experiments.metrics`` builds the rows from
-the database; ``benchmarks/ab_validity.py`` feeds simulated ones. Both get the same table, which
-the promotion policy (:mod:`webapp.experiments.promotion`) decides on.
+delta-method variance (:func:`webapp.experiments.sequential_tests.ratio_arm`).
+``webapp.experiments.metrics`` builds the rows from the database; ``benchmarks/ab_validity.py``
+feeds simulated ones. Both get the same table, which the promotion policy
+(:mod:`webapp.experiments.promotion`) decides on.
 """
 from __future__ import annotations
 

@@ -18,14 +18,19 @@ from typing import Any, Iterator
 
 from flask import current_app
 
-from rlhf.generation import GenerationResult, GenerationSettings, InferenceServerError, LoadedModel, fit_to_context
-from rlhf.generation import stream_prompt
-from rlhf.safety import RailedStream, Rail, railed_result
-
+from rlhf.generation import (
+    GenerationResult,
+    GenerationSettings,
+    InferenceServerError,
+    LoadedModel,
+    fit_to_context,
+    stream_prompt,
+)
+from rlhf.safety import Rail, RailedStream, railed_result
+from webapp.core.extensions import db
 from webapp.openai_api.errors import ApiError, error_body
 from webapp.openai_api.keys import record_use
 from webapp.openai_api.threads import store_completion
-from webapp.core.extensions import db
 from webapp.serving.routing import Route
 
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "length": "length", "cancelled": "stop",

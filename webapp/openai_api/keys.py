@@ -123,7 +123,8 @@ def all_keys() -> list[ApiKey]:
                                              "share their end users (and so their A/B arms).")
 @click.option("--forwards-user-headers", is_flag=True,
               help="Trust the X-OpenWebUI-User-Id header from this key (a front end that sets it itself).")
-@click.option("--rate-limit", default=None, help="Requests allowed, e.g. '600 per minute' (default: RLHF_API_RATE_LIMIT).")
+@click.option("--rate-limit", default=None,
+              help="Requests allowed, e.g. '600 per minute' (default: RLHF_API_RATE_LIMIT).")
 def create_api_key_command(name: str, client: str | None, forwards_user_headers: bool, rate_limit: str | None) -> None:
     """Create an API key for the /v1 API and print it (only the key, on stdout: it is shown once)."""
     try:

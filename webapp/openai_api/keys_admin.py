@@ -9,10 +9,10 @@ from flask_login import current_user
 from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
 from webapp.admin.auth import admin_api, admin_page
-from webapp.openai_api.keys import KeyProblem, all_keys, create_api_key, key_dict, revoke_api_key
 from webapp.core.extensions import db
 from webapp.core.models import ApiKey
 from webapp.core.validation import bool_field, json_body
+from webapp.openai_api.keys import KeyProblem, all_keys, create_api_key, key_dict, revoke_api_key
 
 bp = Blueprint("api_keys", __name__)
 

@@ -15,13 +15,6 @@ from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, g, jsonify, request, stream_with_context
 
-from webapp.openai_api import completions
-from webapp.openai_api.errors import ApiError, api_error_response
-from webapp.openai_api.errors import init_app as init_errors
-from webapp.openai_api.frontend_tasks import is_frontend_task
-from webapp.openai_api.keys import find_key, record_use
-from webapp.openai_api.params import completion_request, header_text, json_object, text_value
-from webapp.openai_api.users import KeyInfo, api_user, external_user
 from webapp.core.extensions import csrf, db
 from webapp.core.identity import mark_stateless
 from webapp.core.models import Conversation, Message, ModelVersion
@@ -29,6 +22,13 @@ from webapp.core.ratings.flag import FLAG, flag_fields
 from webapp.core.ratings.registry import FEEDBACK_FIELDS, feedback_changes
 from webapp.core.ratings.store import remove_flag, save_feedback, save_flag, stored_feedback, stored_flag
 from webapp.core.security import check_limit
+from webapp.openai_api import completions
+from webapp.openai_api.errors import ApiError, api_error_response
+from webapp.openai_api.errors import init_app as init_errors
+from webapp.openai_api.frontend_tasks import is_frontend_task
+from webapp.openai_api.keys import find_key, record_use
+from webapp.openai_api.params import completion_request, header_text, json_object, text_value
+from webapp.openai_api.users import KeyInfo, api_user, external_user
 from webapp.safety.rail import rail_for
 from webapp.serving.routing import generation_settings, route_for, serve
 

@@ -28,11 +28,10 @@ from typing import Sequence
 
 from rlhf.generation import GenerationResult
 from rlhf.safety import Block
-
-from webapp.openai_api.keys import record_use
 from webapp.chat.conversations import clean_title, store_answer
 from webapp.core.extensions import db
 from webapp.core.models import Conversation, Message, history, utcnow
+from webapp.openai_api.keys import record_use
 from webapp.safety.rail import record_interventions
 from webapp.serving.routing import Route
 

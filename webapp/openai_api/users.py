@@ -16,12 +16,12 @@ from typing import Any
 from flask import request
 from sqlalchemy.exc import IntegrityError
 
-from webapp.openai_api.errors import ApiError
-from webapp.openai_api.params import header_text
 from webapp.core.extensions import db
 from webapp.core.identity import address_hash, api_anon_id, api_key_anon_id
 from webapp.core.models import IdentityOrigin, User
 from webapp.core.security import check_new_identity_limit
+from webapp.openai_api.errors import ApiError
+from webapp.openai_api.params import header_text
 
 USER_HEADER = "X-OpenWebUI-User-Id"
 MAX_USER_CHARS = 256

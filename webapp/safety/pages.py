@@ -9,7 +9,6 @@ from flask_login import current_user
 from werkzeug.exceptions import NotFound
 
 from rlhf.safety import MAX_PATTERN_CHARS, PRESETS, validate_pattern, validate_phrase
-
 from webapp.admin.auth import admin_page
 from webapp.core.audit import audit
 from webapp.core.extensions import db

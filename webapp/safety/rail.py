@@ -15,8 +15,7 @@ from typing import Sequence
 from flask import current_app
 
 from rlhf.reward.criteria_heads import CriteriaScorer
-from rlhf.safety import PRESETS, Block, RailPolicy, Rail, build_rules
-
+from rlhf.safety import PRESETS, Block, Rail, RailPolicy, build_rules
 from webapp.core.extensions import db
 from webapp.core.instance_paths import resolve
 from webapp.core.models import ModelVersion, RailIntervention, RailRule

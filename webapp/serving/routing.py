@@ -27,7 +27,6 @@ from werkzeug.exceptions import ServiceUnavailable
 from rlhf.generation import GenerationSettings, InferenceServerUnavailable, LoadedModel, ModelPool, RemotePool
 from rlhf.models import registry
 from rlhf.models.loading import ModelLoadError
-
 from webapp.core.extensions import db
 from webapp.core.models import AuditEvent, ModelVersion, User, active_version, utcnow
 from webapp.experiments.assignment import assign, running_experiment

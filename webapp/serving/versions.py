@@ -11,7 +11,6 @@ from rlhf.models import registry
 from rlhf.models.embedded import build_embedded_model, spec_for
 from rlhf.models.loading import import_pretrained
 from rlhf.progress import ProgressFn
-
 from webapp.core import locks
 from webapp.core.extensions import db
 from webapp.core.instance_paths import to_stored

@@ -7,7 +7,6 @@ from typing import Any
 
 from rlhf.policy.algorithms import REGISTRY
 from rlhf.training.curves import read_curves, series
-
 from webapp.core.models import TrainingRun
 from webapp.training.runs import curves_path
 
@@ -26,7 +25,8 @@ REWARD_CHARTS = [
     _chart("reward", "Margin (chosen − rejected reward)", ["margin"]),
 ]
 POLICY_CHARTS: dict[str, list[dict[str, Any]]] = {
-    name: [_chart("policy", c.title, list(c.metrics), list(c.labels) or None, c.percent, c.optional) for c in algo.charts]
+    name: [_chart("policy", c.title, list(c.metrics), list(c.labels) or None, c.percent, c.optional)
+           for c in algo.charts]
     for name, algo in REGISTRY.items()  # each algorithm's own (rlhf.policy.algorithms)
 }
 STAGE_TITLES = {"reward": "Reward model"}

@@ -24,7 +24,6 @@ from flask import current_app
 
 from rlhf.models import registry
 from rlhf.models.adapters import base_of, is_adapter
-
 from webapp.core import locks
 from webapp.core.audit import audit
 from webapp.core.extensions import db
@@ -35,8 +34,14 @@ from webapp.experiments.metrics import experiment_metrics
 from webapp.experiments.promotion import decide, policy_from_config
 from webapp.training import runs as training_runs
 from webapp.training.records import feedback_events
-from webapp.training.runs import (TRAINING_RUN, describe_holder, recover_stale_runs, spawn_training, training_lock,
-                                  training_lock_holder)
+from webapp.training.runs import (
+    TRAINING_RUN,
+    describe_holder,
+    recover_stale_runs,
+    spawn_training,
+    training_lock,
+    training_lock_holder,
+)
 from webapp.training.watchdog import enforce_run_limits
 
 log = logging.getLogger("webapp.training.scheduler")

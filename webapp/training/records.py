@@ -11,10 +11,19 @@ from sqlalchemy import or_, union, union_all
 from rlhf.data.datasets import build_datasets
 from rlhf.data.records import ComparisonRecord, ConversationRecord, FeedbackRecord, MessageRecord
 from rlhf.data.redaction import redact_records, redact_text
-
 from webapp.core.extensions import db
-from webapp.core.models import (Comparison, Conversation, Feedback, Flag, Message, ModelVersion, RaterAssessment,
-                                RaterTrust, User, utcnow)
+from webapp.core.models import (
+    Comparison,
+    Conversation,
+    Feedback,
+    Flag,
+    Message,
+    ModelVersion,
+    RaterAssessment,
+    RaterTrust,
+    User,
+    utcnow,
+)
 from webapp.core.raters import trust_settings
 from webapp.core.ratings.registry import event_kinds, record_fields
 
@@ -136,7 +145,8 @@ def feedback_records(redact: bool = True) -> list[ConversationRecord]:
         messages[m.conversation_id].append(m)
     msg_conv = {m.id: cid for cid, ms in messages.items() for m in ms}
     # the owner's flag on each answer (a flag alone, without other feedback, still makes a record)
-    flags = {f.message_id: f.category for f in db.session.scalars(db.select(Flag).where(Flag.message_id.in_(list(msg_conv))))
+    flags = {f.message_id: f.category
+             for f in db.session.scalars(db.select(Flag).where(Flag.message_id.in_(list(msg_conv))))
              if owner.get(msg_conv.get(f.message_id)) == f.user_id}
     feedback: dict[int, FeedbackRecord] = {}
     for f in db.session.scalars(db.select(Feedback).where(Feedback.message_id.in_(list(msg_conv)))):

@@ -14,25 +14,29 @@ from typing import Any
 
 from flask import current_app
 
-from rlhf.training import distributed
-
 from rlhf.algorithms import ALGORITHMS
-from rlhf.models import registry
-from rlhf.training.curves import CurvesFile, TrainingLogs
 from rlhf.cycle import CycleJob, CycleSettings, NotEnoughData, overall_progress, prepare_cycle, run_prepared
 from rlhf.data.stage_sizing import DataSize
+from rlhf.models import registry
 from rlhf.policy.algorithms import check_settings
 from rlhf.progress import ProgressFn
+from rlhf.training import distributed
+from rlhf.training.curves import CurvesFile, TrainingLogs
 from rlhf.trust import RaterInfo
-
 from webapp.core.extensions import db
 from webapp.core.instance_paths import resolve, to_stored
-from webapp.core.settings import current_settings
 from webapp.core.models import ModelVersion, TrainingRun, active_version, utcnow
 from webapp.core.raters import store_assessments
+from webapp.core.settings import current_settings
 from webapp.training.records import feedback_event_count, feedback_records, rater_infos
-from webapp.training.runs import (RunRefused, curves_path, next_version_name, recover_stale_runs, run_folder,
-                                  training_lock)
+from webapp.training.runs import (
+    RunRefused,
+    curves_path,
+    next_version_name,
+    recover_stale_runs,
+    run_folder,
+    training_lock,
+)
 from webapp.training.watchdog import RunWatchdog, run_limits
 
 

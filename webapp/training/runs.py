@@ -23,7 +23,6 @@ from typing import Any, Iterator
 from flask import current_app
 
 from rlhf.training import distributed
-
 from webapp.core import locks
 from webapp.core.extensions import db
 from webapp.core.models import ModelVersion, TrainingRun, utcnow

@@ -91,7 +91,8 @@ def build_scheduler(app: Flask, blocking: bool = False):
     scheduler = cls(jobstores={"default": SQLAlchemyJobStore(engine=engine)}, timezone=timezone.utc,
                     job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 600})
     cfg = app.config
-    intervals = {"retrain": cfg["RLHF_RETRAIN_INTERVAL_SECONDS"], "experiment_monitor": cfg["RLHF_MONITOR_INTERVAL_SECONDS"],
+    intervals = {"retrain": cfg["RLHF_RETRAIN_INTERVAL_SECONDS"],
+                 "experiment_monitor": cfg["RLHF_MONITOR_INTERVAL_SECONDS"],
                  "housekeeping": cfg["RLHF_HOUSEKEEPING_INTERVAL_SECONDS"],
                  "watchdog": cfg["RLHF_WATCHDOG_INTERVAL_SECONDS"]}
     # every job looks once soon after a (re)start, then at its interval: the overview can say at

@@ -75,7 +75,8 @@ def run_health(run: TrainingRun, now: datetime | None = None) -> dict[str, Any]:
     reason = None
     if run.status in ("queued", "running"):
         if quiet > stall:
-            what = "never started" if run.status == "queued" else f"no progress for {quiet:.0f} s during stage {run.stage}"
+            what = ("never started" if run.status == "queued"
+                    else f"no progress for {quiet:.0f} s during stage {run.stage}")
             reason = f"{what} (limit {stall:.0f} s without progress)"
         elif elapsed > most:
             reason = f"ran for {elapsed:.0f} s, past its limit of {most:.0f} s"

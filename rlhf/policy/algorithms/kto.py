@@ -27,7 +27,8 @@ class KTO(Algorithm):
         rows = size.kto_good + size.kto_bad
         if rows >= policy.batch_size:
             return policy, []
-        return replace(policy, batch_size=rows), [f"KTO: batch size {policy.batch_size} -> {rows} ({rows} rated answers)"]
+        return replace(policy, batch_size=rows), [
+            f"KTO: batch size {policy.batch_size} -> {rows} ({rows} rated answers)"]
 
     def work_units(self, policy: PolicySettings, size: DataSize) -> float:
         return offline_units(size.kto_good + size.kto_bad, policy)

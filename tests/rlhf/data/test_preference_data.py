@@ -93,7 +93,8 @@ def test_rated_answers_pair_across_questions_for_the_reward_model_only():
     assert set(Counter(r["rejected"] for r in rows).values()) == {3}
     # the knob turns them off; equal scores never pair
     assert build_datasets(liked + disliked, DataSettings(eval_fraction=0.0, max_rated_pairs_per_answer=0,
-                                                         mismatched_pairs_per_answer=0)).rated == {"train": [], "eval": []}
+                                                         mismatched_pairs_per_answer=0)).rated \
+        == {"train": [], "eval": []}
     assert build_datasets(liked, DataSettings(eval_fraction=0.0, mismatched_pairs_per_answer=0)).rated["train"] == []
 
 
@@ -198,7 +199,8 @@ def test_the_judge_scores_only_its_own_questions_asked_again_when_they_are_few()
     assert need <= judged < need + len(heldout) and prompts[judged:] == train
     assert sorted(map(repr, prompts[:judged])) == sorted(map(repr, heldout * (judged // len(heldout))))
     assert notes == [f"{len(heldout)} held-out prompts, each asked {judged // len(heldout)} times for the judge",
-                     f"only {len(heldout)} held-out prompts; adding training prompts for the KL and degeneration checks"]
+                     f"only {len(heldout)} held-out prompts; adding training prompts for the KL and degeneration "
+                     "checks"]
     # a prompt asked again for the judge counts once in the degeneration checks
     from rlhf.gate.evaluation import _first_askings
     assert _first_askings(["a", "a", "b", "b", "a", "a", "c", "c"], 2) == [0, 1, 2, 3, 6, 7]
@@ -221,10 +223,11 @@ def test_a_thumb_on_any_turn_of_anyones_chat_teaches_the_reward_model():
     """Each person rates answers in their own multi-turn chats: later turns never repeat across users,
     so same-question pairs cannot form; before, such feedback gave "0 preference pairs" and no run.
     Rated pairs now take every rated answer, its prompt the whole history up to it."""
+    import pytest
+
     from rlhf.data.stage_sizing import DataSize, NotEnoughData
     from rlhf.policy.algorithms import size_stages
     from rlhf.settings import PolicySettings, RewardSettings
-    import pytest
 
     up, down = FeedbackRecord(thumb="up"), FeedbackRecord(thumb="down")
     records = [chat(i, [(f"Plan a trip to city {i}?", f"Go by train {i}.", None),

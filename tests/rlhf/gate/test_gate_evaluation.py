@@ -1,4 +1,5 @@
-"""The evaluation gate on the micro model: degeneration, implicit margins on held-out pairs, the sign test, the judge."""
+"""The evaluation gate on the micro model: degeneration, implicit margins on held-out pairs, the sign
+test, the judge."""
 from __future__ import annotations
 
 import pytest
@@ -167,7 +168,8 @@ def test_evaluation_samples_keep_the_end_of_prompts_longer_than_the_context(micr
     model, tok = load_causal_lm(micro_model_dir, "cpu")
     long = tok.apply_chat_template([{"role": "user", "content": "rice " * 2000}], tokenize=False,
                                    add_generation_prompt=True)
-    texts, prompt_ids, answer_ids = sample_answers(model, tok, [long, "User: hi\nAssistant:"], EvalSettings(max_new_tokens=8))
+    texts, prompt_ids, answer_ids = sample_answers(model, tok, [long, "User: hi\nAssistant:"],
+                                                   EvalSettings(max_new_tokens=8))
     assert len(texts) == 2 and len(prompt_ids[0]) + 8 <= model.config.n_positions
     assert tok.decode(prompt_ids[0]).endswith("Assistant:")
 

@@ -10,8 +10,16 @@ from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 import rlhf.generation.batcher as batcher_module
 import rlhf.generation.rows as rows_module
-from rlhf.generation import GenerationSettings, LoadedModel, ModelPool, batch_stats, batcher_for, generate_chat, \
-    generate_chats, stream_chat
+from rlhf.generation import (
+    GenerationSettings,
+    LoadedModel,
+    ModelPool,
+    batch_stats,
+    batcher_for,
+    generate_chat,
+    generate_chats,
+    stream_chat,
+)
 
 GREEDY = GenerationSettings(max_new_tokens=40, do_sample=False)
 # prompts of different lengths, so rows are left-padded against each other

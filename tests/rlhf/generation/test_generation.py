@@ -1,11 +1,10 @@
 """rlhf.generation on the micro model: streaming, stopping, truncation, the model pool."""
 from __future__ import annotations
 
+import copy
 import threading
 
 import pytest
-
-import copy
 
 from rlhf.generation import GenerationSettings, ModelPool, fit_to_context, generate_chat, stream_chat
 from rlhf.generation.rows import Row, stop_prefix_len
@@ -127,8 +126,8 @@ def test_a_final_assistant_message_is_continued_not_answered(loaded, family):
     """An OpenAI request ending with the assistant's answer so far (Open WebUI's Continue Response):
     the prompt ends inside that answer, with no end of turn after it, and the continuation keeps its
     leading space."""
-    from tests.support.model_families import build_tokenizer
     from rlhf.models.chat_format import prepare_tokenizer, render_prompt
+    from tests.support.model_families import build_tokenizer
 
     tok = loaded.tokenizer if family == "plain" else build_tokenizer(family)
     prepare_tokenizer(tok)

@@ -18,15 +18,22 @@ from pathlib import Path
 import pytest
 import requests
 
-from rlhf.models import registry
-from rlhf.generation import (GenerationSettings, InferenceServerError, ModelPool, RemotePool, generate_chat,
-                             generate_chats, stream_chat)
+from rlhf.generation import (
+    GenerationSettings,
+    InferenceServerError,
+    ModelPool,
+    RemotePool,
+    generate_chat,
+    generate_chats,
+    stream_chat,
+)
 from rlhf.generation.remote import wait_ready
+from rlhf.models import registry
 from rlhf.models.loading import ModelLoadError
-from tests.support.paths import ROOT
+from tests.rlhf.models.test_adapters import make_adapter_version
 from tests.support.app import make_app, sse_events
 from tests.support.live_server import free_port, stop_process
-from tests.rlhf.models.test_adapters import make_adapter_version
+from tests.support.paths import ROOT
 
 GREEDY = GenerationSettings(do_sample=False, max_new_tokens=16)
 # the app's sampling at a temperature this low is the argmax: answers comparable with in-process greedy ones

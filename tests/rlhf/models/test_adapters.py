@@ -191,9 +191,9 @@ def test_merged_full_versions_still_load_as_plain_models(store, tmp_path):
 
 def test_pruning_keeps_the_base_of_a_kept_adapter_version(tmp_path, micro_model_dir):
     from tests.support.app import make_app, register_model
-    from webapp.training import jobs
     from webapp.core.extensions import db
     from webapp.core.models import ModelVersion
+    from webapp.training import jobs
 
     app = make_app(tmp_path / "instance", RLHF_RETAIN_RETIRED_VERSIONS=0)
     register_model(app, micro_model_dir, name="v1-base", status="retired")

@@ -12,7 +12,6 @@ from flask.cli import FlaskGroup
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from rlhf.data import corpus
-
 from rlhf.models import registry
 from rlhf.models.chat_format import PLAIN_CHAT_TEMPLATE, render_prompt
 from rlhf.models.embedded import build_embedded_model, spec_for, train_tokenizer

@@ -12,10 +12,10 @@ import json
 import pytest
 import torch
 
-from tests.support.app import flask_cli
-from tests.support.gguf_model import write_smollm2_gguf
 from rlhf.models.chat_format import render_prompt
 from rlhf.models.loading import ModelLoadError, gguf_file, import_pretrained, load_causal_lm
+from tests.support.app import flask_cli
+from tests.support.gguf_model import write_smollm2_gguf
 
 
 @pytest.fixture(scope="module")

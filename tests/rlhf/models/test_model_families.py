@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.model_families import FAMILIES, SHAPES, build_tiny_model
-from tests.support.paths import TESTS
-from tests.support.models import MODEL_CACHE
 from tests.support.app import ApiClient, flask_cli, make_app, sse_events
 from tests.support.feedback_factory import seed_feedback
+from tests.support.model_families import FAMILIES, SHAPES, build_tiny_model
+from tests.support.models import MODEL_CACHE
+from tests.support.paths import TESTS
 
 pytestmark = pytest.mark.slow
 

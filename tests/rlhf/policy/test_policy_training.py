@@ -1,4 +1,5 @@
-"""Policy training through TRL on the micro model: PPO (with a LoRA critic, with LoRA), DPO, KTO, RLOO, iterative DPO."""
+"""Policy training through TRL on the micro model: PPO (with a LoRA critic, with LoRA), DPO, KTO, RLOO,
+iterative DPO."""
 from __future__ import annotations
 
 import pytest

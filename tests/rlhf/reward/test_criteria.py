@@ -9,13 +9,20 @@ import json
 import pytest
 import torch
 
-from rlhf.data.criteria import SAFETY, LabelledAnswer, criterion_pairs, labels_of
-from rlhf.reward.criteria_heads import (HEADS_FILE, CostConstraint, CriteriaScorer, answer_texts, cost_weight,
-                                 safety_calibration, set_scalar_head)
 from rlhf.cycle import run_cycle
+from rlhf.data.criteria import SAFETY, LabelledAnswer, criterion_pairs, labels_of
 from rlhf.data.datasets import build_datasets
 from rlhf.data.records import FeedbackRecord
 from rlhf.gate.evaluation import safety_reasons
+from rlhf.reward.criteria_heads import (
+    HEADS_FILE,
+    CostConstraint,
+    CriteriaScorer,
+    answer_texts,
+    cost_weight,
+    safety_calibration,
+    set_scalar_head,
+)
 from rlhf.reward.scoring import load_reward_model, score_texts
 from rlhf.reward.training import train_reward_model
 from rlhf.settings import CriteriaSettings, CycleSettings, GateThresholds, PolicySettings, RewardSettings, TrustSettings

@@ -5,8 +5,21 @@ from __future__ import annotations
 import pytest
 
 from rlhf.generation.pool import GenerationResult
-from rlhf.safety import (PRESETS, RailedStream, RailPolicy, Rail, StreamChecker, build_rule, build_rules, check_text,
-                         railed_result, iban_ok, luhn_ok, validate_pattern, validate_phrase)
+from rlhf.safety import (
+    PRESETS,
+    Rail,
+    RailedStream,
+    RailPolicy,
+    StreamChecker,
+    build_rule,
+    build_rules,
+    check_text,
+    iban_ok,
+    luhn_ok,
+    railed_result,
+    validate_pattern,
+    validate_phrase,
+)
 
 ALL_PRESETS = build_rules([("preset", name) for name in PRESETS])
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from rlhf.sim.users import ApiUser, Behaviour
 from tests.support.app import make_app
-from tests.webapp.openai_api.test_v1_sdk import live  # noqa: F401 (a fixture: the production server, keys made)
+from tests.support.live_server import v1_server_fixture
 from webapp.core.extensions import db
 from webapp.core.identity import api_anon_id
 from webapp.core.models import ApiKey, Conversation, Feedback, Flag, Message, User
+
+live = v1_server_fixture("v1-sim")  # the production server, keys made
 
 QUESTION = "How do I keep basil alive?"
 
@@ -30,7 +32,8 @@ def stored(instance, user: str) -> dict:
             by_id = {m.id: cid for cid, m in answers.items()}
             feedback = {by_id[f.message_id]: (f.thumb, f.rating, list(f.reasons or []))
                         for f in db.session.scalars(db.select(Feedback).filter_by(user_id=person.id))}
-            flags = {by_id[f.message_id]: f.category for f in db.session.scalars(db.select(Flag).filter_by(user_id=person.id))}
+            flags = {by_id[f.message_id]: f.category
+                     for f in db.session.scalars(db.select(Flag).filter_by(user_id=person.id))}
             keys = {db.session.get(ApiKey, m.api_key_id).name for m in answers.values()}
             return {"answers": {cid: m.content for cid, m in answers.items()}, "feedback": feedback, "flags": flags,
                     "keys": keys}

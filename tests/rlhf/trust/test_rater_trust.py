@@ -48,7 +48,8 @@ def test_every_row_kind_names_its_raters():
     up, down = FeedbackRecord(thumb="up"), FeedbackRecord(thumb="down")
     records = [
         conv(1, 7, [("Rinse it first.", up), ("Ugh, whatever.", FeedbackRecord(thumb="down", correction="Rinse it."))]),
-        conv(2, 8, [("A2", None), ("B2", None)], question="Vote?", comparisons=[ComparisonRecord(1, 200, 201, 202, "a")]),
+        conv(2, 8, [("A2", None), ("B2", None)], question="Vote?",
+             comparisons=[ComparisonRecord(1, 200, 201, 202, "a")]),
         conv(3, 9, [("good answer", up)], question="Same question?"),
         conv(4, 10, [("bad answer", down)], question="Same question?"),
         conv(5, None, [("nobody's", up)], question="Anonymous?"),
@@ -257,7 +258,8 @@ def test_new_identities_count_new_weight_and_unknown_raters_are_not_new(honest_o
 
 def test_apply_trust_drops_quarantined_rows_and_weighs_the_others():
     up, down = FeedbackRecord(thumb="up"), FeedbackRecord(thumb="down")
-    records = [conv(1, 1, [("good answer", up)], question="Same?"), conv(2, 2, [("bad answer", down)], question="Same?"),
+    records = [conv(1, 1, [("good answer", up)], question="Same?"),
+               conv(2, 2, [("bad answer", down)], question="Same?"),
                conv(3, 3, [("Rinse it.", up), ("Ugh.", down)], question="Rice?"),
                conv(4, None, [("whose?", up)], question="Who?")]
     bundle = build_datasets(records, ALL_TRAIN)

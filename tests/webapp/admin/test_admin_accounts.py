@@ -58,7 +58,8 @@ def test_login_is_rate_limited(setup):
     app, _ = setup
     client = app.test_client()
     token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/admin/login").get_data(as_text=True)).group(1)
-    codes = [client.post("/admin/login", data={"username": "root", "password": f"guess{i}", "csrf_token": token}).status_code
+    codes = [client.post("/admin/login",
+                         data={"username": "root", "password": f"guess{i}", "csrf_token": token}).status_code
              for i in range(12)]
     assert codes[:10] == [401] * 10 and codes[10] == 429
     limited = client.post("/admin/login", data={"username": "root", "password": PASSWORD, "csrf_token": token})

@@ -1,4 +1,5 @@
-"""What the dashboard's pages show: answer and feedback counts, the scheduler card, times, paths, charts, forms, runs and settings."""
+"""What the dashboard's pages show: answer and feedback counts, the scheduler card, times, paths, charts,
+forms, runs and settings."""
 from __future__ import annotations
 
 import json
@@ -11,9 +12,17 @@ from tests.support.app import make_app, register_model
 from tests.support.feedback_factory import add_exchange
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
-from webapp.core.models import (AnswerScore, Comparison, Conversation, Experiment, Feedback, ModelVersion, TrainingRun,
-                                User, utcnow)
-
+from webapp.core.models import (
+    AnswerScore,
+    Comparison,
+    Conversation,
+    Experiment,
+    Feedback,
+    ModelVersion,
+    TrainingRun,
+    User,
+    utcnow,
+)
 
 ISO_SECONDS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 
@@ -106,7 +115,8 @@ def test_scheduler_card(setup, monkeypatch):
     card = html[html.index('data-testid="scheduler-card"'):]
     card = card[:card.index("</section>")]
     assert "running</span> in the web process (pid 4242)" in card
-    assert '<time datetime="2026-11-23T14:05:07Z" title="2026-11-23T14:05:07Z" data-local>23 Nov 2026, 14:05 UTC</time>' in card
+    assert ('<time datetime="2026-11-23T14:05:07Z" title="2026-11-23T14:05:07Z" data-local>'
+            '23 Nov 2026, 14:05 UTC</time>') in card
     assert "housekeeping</b>: paused" in card
     assert "no run" in card and "12 of 50 feedback events" in card
 
@@ -159,7 +169,8 @@ def test_admin_pages_show_readable_times_with_the_exact_time_on_hover(setup):
             assert re.match(r"^\d{1,2} [A-Z][a-z]{2} \d{4}, \d\d:\d\d UTC$", text), (url, text)
         assert not re.search(r"\d\d:\d\d:\d\d\.\d{6}", html), url  # no microseconds anywhere
     runs = admin.get("/admin/runs").get_data(as_text=True)
-    assert '<time datetime="2026-01-02T03:04:05Z" title="2026-01-02T03:04:05Z" data-local>2 Jan 2026, 03:04 UTC</time>' in runs
+    assert ('<time datetime="2026-01-02T03:04:05Z" title="2026-01-02T03:04:05Z" data-local>'
+            '2 Jan 2026, 03:04 UTC</time>') in runs
 
 
 def test_paths_are_relative_to_the_instance_folder(setup):
@@ -343,7 +354,8 @@ def test_settings_page_shows_effective_values_and_sources_read_only(tmp_path, mi
     def row(name):
         return re.search(rf'<tr data-setting="{re.escape(name)}"[^>]*>(.*?)</tr>', html, re.S).group(1)
 
-    assert "<code class=\"value\">8</code>" in row("training.policy.lora_r") and "config.toml" in row("training.policy.lora_r")
+    assert ("<code class=\"value\">8</code>" in row("training.policy.lora_r")
+            and "config.toml" in row("training.policy.lora_r"))
     assert "RLHF_TRAINING_POLICY_LORA_R" in row("training.policy.lora_r")
     assert "0.6" in row("temperature") and "environment" in row("temperature") and "default 0.8" in row("temperature")
     assert "create_app(config)" in row("base_model") and "&lt;img src=x onerror=alert(1)&gt;" in row("base_model")
@@ -385,7 +397,8 @@ def test_run_page_shows_the_settings_the_run_trained_with(setup):
     app, _ = setup
     config = replace(CycleSettings(algorithm="dpo"), policy=PolicySettings(lora=True, lora_r=4)).to_dict()
     with app.app_context():
-        run = TrainingRun(trigger="cli", algorithm="dpo", status="succeeded", config={**config, "limits": {"stall_seconds": 9}})
+        run = TrainingRun(trigger="cli", algorithm="dpo", status="succeeded",
+                          config={**config, "limits": {"stall_seconds": 9}})
         db.session.add(run)
         db.session.commit()
         run_id = run.id
@@ -444,7 +457,8 @@ def test_run_page_shows_what_judged_the_candidate_and_labels_the_optimized_again
     assert "optimized against 0.912 (reported only: it never decides)" in optimized
     html = admin.get(f"/admin/runs/{ids[1]}").get_data(as_text=True)
     verdict = html.split('data-testid="gate-verdict">')[1].split("</p>")[0]
-    assert "<b>not enough evidence</b>" in verdict and "3 held-out preference pairs, the gate needs at least 8" in verdict
+    assert ("<b>not enough evidence</b>" in verdict
+            and "3 held-out preference pairs, the gate needs at least 8" in verdict)
     assert "not trained (too few held-out pairs)" in html
     # rl-train --json carries the same evidence
     out = gate_summary(evaluation)

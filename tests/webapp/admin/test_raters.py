@@ -14,8 +14,7 @@ from tests.support.app import ApiClient
 from tests.support.feedback_factory import add_exchange
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
-from webapp.core.models import (AuditEvent, Comparison, Feedback, RaterAssessment, RaterTrust, TrainingRun, User,
-                                utcnow)
+from webapp.core.models import AuditEvent, Comparison, Feedback, RaterAssessment, RaterTrust, TrainingRun, User, utcnow
 from webapp.core.raters import excluded_raters, set_trust, store_assessments
 from webapp.training.records import export_rows, feedback_events, rater_infos
 

@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from tests.support.app import sse_events
-from tests.support.app import ApiClient, register_model
+from tests.support.app import ApiClient, register_model, sse_events
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion
 
@@ -287,7 +286,8 @@ def test_feedback_is_one_row_updated_in_place(app, api, conv):
     assert (final["thumb"], final["rating"], final["correction"], final["comment"], final["reasons"]) == \
         ("down", 4, "Rinse the rice first.", "Nice", ["wrong"])
     cleared = api.post(url, json={"thumb": None, "rating": None, "correction": ""}).get_json()["feedback"]
-    assert (cleared["thumb"], cleared["rating"], cleared["correction"], cleared["comment"]) == (None, None, None, "Nice")
+    assert (cleared["thumb"], cleared["rating"], cleared["correction"], cleared["comment"]) \
+        == (None, None, None, "Nice")
     with app.app_context():
         [row] = db.session.query(Feedback).all()
         assert (row.user_id, row.message_id) == (api.user_id, answer_id)

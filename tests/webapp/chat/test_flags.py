@@ -201,7 +201,8 @@ def test_raw_export_has_the_flag_category_and_note_redacted(app, api, conv):
         [plain] = export_rows("raw", redact=False)
         assert {m["id"]: m["feedback"] for m in plain["messages"]}[flagged]["flag_note"] == "It showed bob@example.com"
     admin_export = app.test_client().get("/api/admin/export?format=raw")
-    assert admin_export.status_code == 401  # the admin export is the same rows (tests/webapp/admin/test_admin_accounts.py covers it)
+    # the admin export is the same rows (tests/webapp/admin/test_admin_accounts.py covers it)
+    assert admin_export.status_code == 401
 
 
 # ---------------------------------------------------------------------------- admin feedback browser

@@ -27,11 +27,10 @@ import requests
 from sqlalchemy import text
 
 from tests.support.app import DATABASES, database_url_for, flask_cli, make_app, register_model
-
-from tests.support.paths import ROOT
 from tests.support.feedback_factory import seed_feedback
 from tests.support.leaked_key import leaked_secret_key
 from tests.support.live_server import LiveServer
+from tests.support.paths import ROOT
 from webapp.core.extensions import db
 from webapp.core.models import Feedback, ModelVersion
 

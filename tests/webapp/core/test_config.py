@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
-from webapp import create_app
 from tests.support.leaked_key import leaked_secret_key
+from webapp import create_app
 from webapp.core.settings import ROOT, ConfigError, build_config, effective, markdown_tables, resolve
 
 
@@ -196,7 +196,8 @@ def test_bad_values_in_the_settings_files_name_the_file(tmp_path):
     cases = [
         ("config.py", "RLHF_KL_COEF = -1\n", f"RLHF_KL_COEF=-1 ({tmp_path / 'config.py'}) must be >= 0"),
         ("config.py", "RLHF_LORA = 'perhaps'\n", "RLHF_LORA='perhaps'"),
-        ("config.py", "RLHF_MAX_NEW_TOKNS = 10\n", "RLHF_MAX_NEW_TOKNS (" + str(tmp_path / "config.py") + ") is not a setting"),
+        ("config.py", "RLHF_MAX_NEW_TOKNS = 10\n",
+         "RLHF_MAX_NEW_TOKNS (" + str(tmp_path / "config.py") + ") is not a setting"),
         ("config.py", "TRAINING = {'policy': {'lora_rank': 4}}\n", "training.policy.lora_rank"),
         ("config.toml", "[training.policy]\nlora_r = -3\n",
          f"training.policy.lora_r=-3 ({tmp_path / 'config.toml'}) must be >= 1"),
@@ -227,7 +228,8 @@ def test_every_training_field_is_settable_with_nested_keys_and_sources_are_known
     monkeypatch.setenv("RLHF_PPO_EPISODES", "64")  # a short name ...
     resolved = resolve({"INSTANCE_DIR": str(tmp_path), "RLHF_TRAINING_POLICY_PPO_EPOCHS": 2})
     t = resolved.settings.training
-    assert (t.min_pairs, t.policy.lora, t.policy.lora_r, t.gate.max_kl, t.evaluation.max_prompts) == (5, True, 8, 10.0, 7)
+    assert (t.min_pairs, t.policy.lora, t.policy.lora_r, t.gate.max_kl, t.evaluation.max_prompts) \
+        == (5, True, 8, 10.0, 7)
     assert (t.reward.epochs, t.policy.episodes, t.policy.ppo_epochs) == (1.5, 64, 2)
     assert resolved.settings.max_new_tokens == 40
     assert resolved.sources["training.policy.lora_r"] == str(tmp_path / "config.toml")
@@ -273,7 +275,8 @@ def test_secrets_in_urls_are_masked(tmp_path, monkeypatch):
 def test_docs_configuration_tables_are_generated_from_the_definitions():
     """docs/configuration.md's tables are exactly `flask --app webapp settings --markdown`: they cannot drift."""
     doc = (ROOT / "docs" / "configuration.md").read_text()
-    start, end = "<!-- settings:begin (generated: flask --app webapp settings --markdown) -->\n", "<!-- settings:end -->"
+    start, end = ("<!-- settings:begin (generated: flask --app webapp settings --markdown) -->\n",
+                  "<!-- settings:end -->")
     assert start in doc and end in doc
     assert doc[doc.index(start) + len(start):doc.index(end)] == markdown_tables()
     assert "RLHF_TRAINING_POLICY_LORA_R" in markdown_tables()

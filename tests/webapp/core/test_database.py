@@ -12,11 +12,20 @@ from flask.cli import FlaskGroup
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
+from tests.support.app import DATABASES, ApiClient, database_url_for
 from webapp import create_app
 from webapp.core.extensions import db
-from tests.support.app import DATABASES, ApiClient, database_url_for
-from webapp.core.models import (Assignment, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion,
-                           TrainingRun, User)
+from webapp.core.models import (
+    Assignment,
+    Comparison,
+    Conversation,
+    Experiment,
+    Feedback,
+    Message,
+    ModelVersion,
+    TrainingRun,
+    User,
+)
 
 TABLES = {"users", "conversations", "messages", "feedback", "comparisons", "model_versions", "experiments",
           "assignments", "training_runs", "answer_scores", "audit_events",

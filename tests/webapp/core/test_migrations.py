@@ -16,9 +16,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
-from tests.support.paths import FIXTURES
 from tests.support.app import DATABASES, database_url_for, flask_cli, login_admin, make_app, register_model
 from tests.support.feedback_factory import seed_feedback
+from tests.support.paths import FIXTURES
 from webapp.core.extensions import db
 from webapp.core.schema_revision import MIGRATIONS_DIR, alembic_config, head_revision, schema_problem
 
@@ -97,7 +97,8 @@ def test_a_model_change_without_a_revision_is_found(tmp_path):
             table.to_metadata(extra)
         Table("feedback", extra, Column("helpfulness", Integer), extend_existing=True)
         diff = compare_metadata(MigrationContext.configure(connection), extra)
-    assert [(d[0], d[2], d[3].name) for d in diff if d[0] == "add_column"] == [("add_column", "feedback", "helpfulness")], diff
+    assert [(d[0], d[2], d[3].name) for d in diff if d[0] == "add_column"] \
+        == [("add_column", "feedback", "helpfulness")], diff
 
 
 def _legacy_database(instance: Path, micro_model_dir: Path) -> Path:

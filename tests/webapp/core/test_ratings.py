@@ -9,9 +9,9 @@ import pytest
 
 from rlhf.data.records import FeedbackRecord
 from tests.support.app import ApiClient, make_app, register_model
-from webapp.openai_api.keys import create_api_key
 from webapp.core.models import Feedback
 from webapp.core.ratings.registry import FEEDBACK_FIELDS, FEEDBACK_KINDS, event_kinds
+from webapp.openai_api.keys import create_api_key
 from webapp.training.records import feedback_events
 
 # Each kind's values, accepted and refused ones: a kind added to the registry needs its own here.

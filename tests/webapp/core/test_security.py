@@ -9,9 +9,9 @@ import pytest
 
 from tests.support.app import ApiClient, make_app, register_model
 from webapp.admin.auth import set_admin_password
-from webapp.core.settings import ConfigError
 from webapp.core.extensions import db
 from webapp.core.models import Message
+from webapp.core.settings import ConfigError
 
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; object-src 'none'; "
        "base-uri 'self'; form-action 'self'; frame-ancestors 'none'")
@@ -127,7 +127,8 @@ def test_session_cookie_is_secure_when_configured(tmp_path, monkeypatch):
         set_admin_password("root", PASSWORD)
     token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/admin/login").get_data(as_text=True)).group(1)
     resp = client.post("/admin/login", data={"username": "root", "password": PASSWORD, "csrf_token": token})
-    assert resp.status_code == 302 and "Secure" in resp.headers["Set-Cookie"] and "HttpOnly" in resp.headers["Set-Cookie"]
+    assert (resp.status_code == 302 and "Secure" in resp.headers["Set-Cookie"]
+            and "HttpOnly" in resp.headers["Set-Cookie"])
     with app.app_context():
         db.engine.dispose()
 
@@ -278,7 +279,8 @@ def test_failed_admin_sign_ins_are_shown_on_the_overview(limited_app):
     html = admin.get("/admin/").get_data(as_text=True)
     section = html[html.index('data-testid="signin-failures"'):]
     section = section[:section.index("</section>")]
-    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in re.findall(r"<tr data-failure>(.*?)</tr>", section, re.S)]
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+             for row in re.findall(r"<tr data-failure>(.*?)</tr>", section, re.S)]
     assert [cells[i][:3] for i in range(2)] == [["&lt;b&gt;nobody&lt;/b&gt;", "2001:db8::7", "1"],
                                                 ["root", "10.0.3.1", "2"]]  # newest first, escaped
     assert all("<time" in row[3] for row in cells)
@@ -304,7 +306,8 @@ def test_limits_come_from_the_environment_and_bad_values_name_the_setting(tmp_pa
     monkeypatch.setenv("RLHF_CHAT_RATE_LIMIT", "5 per minute; 100 per day")
     assert make_app(tmp_path / "a").config["RLHF_CHAT_RATE_LIMIT"] == "5 per minute; 100 per day"
     monkeypatch.setenv("RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS", "lots")
-    with pytest.raises(ConfigError, match=r"RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS='lots' \(environment\) is not a rate limit"):
+    with pytest.raises(ConfigError,
+                       match=r"RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS='lots' \(environment\) is not a rate limit"):
         make_app(tmp_path / "b")
 
 

@@ -536,7 +536,8 @@ def test_a_chunked_body_over_the_limit_is_a_413_not_a_400(app):
                                headers={"Transfer-Encoding": "chunked", **headers}, environ_base=gunicorn)
 
     resp = send("/api/conversations", big, {"X-CSRFToken": api.csrf})
-    assert resp.status_code == 413 and resp.get_json() == {"error": "The request body is too large (the limit is 1 MiB)."}
+    assert (resp.status_code == 413
+            and resp.get_json() == {"error": "The request body is too large (the limit is 1 MiB)."})
     resp = send("/v1/chat/completions", big, {"Authorization": f"Bearer {key}"})
     assert resp.status_code == 413
     assert resp.get_json() == {"error": {"message": "The request body is too large (the limit is 1 MiB).",

@@ -6,9 +6,9 @@ import math
 import pytest
 
 from tests.support.app import ApiClient, make_app, register_model
-from webapp.experiments.assignment import arm_for, gb_hash
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, Experiment, Message, ModelVersion
+from webapp.experiments.assignment import arm_for, gb_hash
 
 # growthbook/growthbook packages/sdk-js/test/cases.json, "hash": [seed, value, version, expected]
 GROWTHBOOK_HASH_CASES = [

@@ -1,5 +1,5 @@
-"""A/B statistics (webapp/experiments/sequential_tests.py, sample_stats.py), each checked against closed-form arithmetic done here
-or against GrowthBook's published test results."""
+"""A/B statistics (webapp/experiments/sequential_tests.py, sample_stats.py), each checked against
+closed-form arithmetic done here or against GrowthBook's published test results."""
 from __future__ import annotations
 
 import ast
@@ -13,11 +13,31 @@ from scipy import stats
 
 from webapp.experiments import sample_stats
 from webapp.experiments import sequential_tests as ab_stats
-from webapp.experiments.sample_stats import (compare_means, compare_proportions, percentile, prob_beta_greater, t_mean,
-                                             wilson)
-from webapp.experiments.sequential_tests import (ALPHA, Comparison, Estimate, RatioArm, always_valid_p, compare_ratio_arms,
-                                      compare_ratio_to, cs_halfwidth, enough_data, ratio_arm, ratio_estimate,
-                                      sequential_mde, sequential_rho, srm_check, users_needed)
+from webapp.experiments.sample_stats import (
+    compare_means,
+    compare_proportions,
+    percentile,
+    prob_beta_greater,
+    t_mean,
+    wilson,
+)
+from webapp.experiments.sequential_tests import (
+    ALPHA,
+    Comparison,
+    Estimate,
+    RatioArm,
+    always_valid_p,
+    compare_ratio_arms,
+    compare_ratio_to,
+    cs_halfwidth,
+    enough_data,
+    ratio_arm,
+    ratio_estimate,
+    sequential_mde,
+    sequential_rho,
+    srm_check,
+    users_needed,
+)
 
 Z = 1.959963984540054  # standard normal 97.5% quantile
 T_975_7 = 2.3646242510102993  # Student t 97.5% quantile, 7 degrees of freedom (table value)

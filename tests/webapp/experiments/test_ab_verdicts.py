@@ -13,15 +13,23 @@ import pytest
 
 from rlhf.data.corpus import sample_prompts
 from tests.support.app import ApiClient, make_app, register_model
+from tests.support.paths import ROOT  # noqa: E402
 from webapp.core.extensions import db
-from webapp.core.models import (Assignment, Comparison, Conversation, Experiment, Feedback, Message, ModelVersion, User,
-                                utcnow)
+from webapp.core.models import (
+    Assignment,
+    Comparison,
+    Conversation,
+    Experiment,
+    Feedback,
+    Message,
+    ModelVersion,
+    User,
+    utcnow,
+)
 from webapp.experiments.metrics import experiment_metrics
 from webapp.experiments.promotion import PromotionPolicy
 from webapp.experiments.table import metrics_table, user_table
 from webapp.training import jobs
-
-from tests.support.paths import ROOT  # noqa: E402
 
 
 @pytest.fixture
@@ -163,7 +171,8 @@ def test_aa_experiment_on_the_real_app_is_never_promoted(two_versions, micro_mod
                 winner = rng.choice(["a", "b"]) if rng.random() > 0.2 else "tie"
                 assert user.post(f"/api/pairs/{pair['pair_id']}/vote", json={"winner": winner}).status_code == 200
                 continue
-            resp = user.post(f"/api/conversations/{conv}/messages", json={"content": rng.choice(prompts), "stream": False})
+            resp = user.post(f"/api/conversations/{conv}/messages",
+                             json={"content": rng.choice(prompts), "stream": False})
             assert resp.status_code == 201, resp.get_data(as_text=True)
             if rater:
                 body = {"thumb": "up" if rng.random() < propensity else "down"}

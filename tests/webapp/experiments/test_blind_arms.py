@@ -8,10 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 
-import pytest
-
-from tests.support.app import ApiClient, make_app, register_model, sse_events
-from webapp.admin.auth import set_admin_password
+from tests.support.app import ApiClient, sse_events
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, Message, ModelVersion
 
@@ -23,27 +20,6 @@ LEAKS = [re.compile(re.escape(KEY)), *(re.compile(re.escape(v)) for v in VERSION
          *(re.compile(rf'"{k}"\s*:') for k in IDENTITY_KEYS), re.compile(r'"(?:control|variant)"')]
 PASSWORD = "correct horse"
 NO_LIMIT = "1000000 per minute"
-
-
-@pytest.fixture
-def experiment_app(tmp_path, micro_model_dir):
-    """v1-base (active) vs v2-ppo in a running 50/50 experiment, created by an admin through
-    the admin API, as in production."""
-    app = make_app(tmp_path / "instance", RLHF_MAX_NEW_TOKENS=6, RLHF_CHAT_RATE_LIMIT=NO_LIMIT,
-                   RLHF_CHAT_RATE_LIMIT_PER_ADDRESS=NO_LIMIT, RLHF_FEEDBACK_RATE_LIMIT=NO_LIMIT,
-                   RLHF_FEEDBACK_RATE_LIMIT_PER_ADDRESS=NO_LIMIT)
-    register_model(app, micro_model_dir)
-    variant = register_model(app, micro_model_dir, name="v2-ppo", status="candidate")
-    with app.app_context():
-        set_admin_password("root", PASSWORD)
-    admin = Admin(app)
-    resp = admin.post("/api/admin/experiments", {"key": KEY, "control_version_id": 1,
-                                                 "variant_version_id": variant, "traffic_split": 0.5})
-    assert resp.status_code == 201, resp.get_json()
-    yield app
-    with app.app_context():
-        db.session.remove()
-        db.engine.dispose()
 
 
 class Admin:

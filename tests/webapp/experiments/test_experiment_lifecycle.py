@@ -1,12 +1,13 @@
-"""Experiments and versions through the admin API: bad input refused, one running experiment, promote and keep control; the A/B metrics."""
+"""Experiments and versions through the admin API: bad input refused, one running experiment, promote and
+keep control; the A/B metrics."""
 from __future__ import annotations
 
 import json
 import random
 
+import pytest
 from click.testing import CliRunner
 from flask.cli import FlaskGroup
-import pytest
 
 from rlhf.data.corpus import sample_prompts
 from tests.support.admin import Admin, versions
@@ -14,7 +15,6 @@ from tests.support.app import ApiClient, make_app
 from webapp import create_app
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, AuditEvent, Experiment, User
-
 
 # ---------------------------------------------------------------------------- lifecycle and bad input
 
@@ -51,7 +51,8 @@ def test_one_running_experiment_and_unique_keys(setup):
                                                   "start": False})
     assert again.status_code == 409 and "never reused" in again.get_json()["error"]
     assert admin.post("/api/admin/experiments/e1", {"traffic_split": 2}, method="patch").status_code == 400
-    assert admin.post("/api/admin/experiments/e1", {"traffic_split": 0.3}, method="patch").get_json()["traffic_split"] == 0.3
+    assert admin.post("/api/admin/experiments/e1", {"traffic_split": 0.3},
+                      method="patch").get_json()["traffic_split"] == 0.3
     assert admin.post("/api/admin/experiments/nope/stop").status_code == 404
     assert admin.post("/api/admin/experiments/e1/conclude", {"decision": "maybe"}).status_code == 400
     assert admin.post("/api/admin/experiments/e1/stop").get_json()["status"] == "stopped"

@@ -9,31 +9,26 @@ import pytest
 
 from tests.support.app import ApiClient, flask_cli, login_admin, make_app, register_model
 from webapp.admin.auth import set_admin_password
-from webapp.openai_api.keys import create_api_key, hash_key, key_named, revoke_api_key
-from webapp.openai_api.users import anon_id_for
 from webapp.core.extensions import db
 from webapp.core.identity import address_hash
-from webapp.core.models import (ApiKey, AuditEvent, Conversation, Feedback, Flag, IdentityOrigin, Message,
-                                ModelVersion, RailIntervention, RailRule, User)
+from webapp.core.models import (
+    ApiKey,
+    AuditEvent,
+    Conversation,
+    Feedback,
+    Flag,
+    IdentityOrigin,
+    Message,
+    ModelVersion,
+    RailIntervention,
+    RailRule,
+    User,
+)
+from webapp.openai_api.keys import create_api_key, hash_key, key_named, revoke_api_key
+from webapp.openai_api.users import anon_id_for
 
 MODEL = "rlhf-chat"
 RICE = [{"role": "user", "content": "How do I cook rice?"}]
-
-
-@pytest.fixture
-def v1(tmp_path, micro_model_dir, database_url):
-    """The micro model, and three keys: a front end that forwards user headers, a second key of the
-    same front end, an SDK user's key. On RLHF_TEST_DATABASE (SQLite or PostgreSQL)."""
-    database = {"SQLALCHEMY_DATABASE_URI": database_url} if database_url else {}
-    app = make_app(tmp_path / "instance", RLHF_MAX_NEW_TOKENS=40, **database)
-    register_model(app, micro_model_dir)
-    with app.app_context():
-        keys = {name: create_api_key(name, client, forwards)[1] for name, client, forwards in
-                (("owui", "owui", True), ("owui-2", "owui", False), ("sdk", None, False))}
-    yield V1(app, keys)
-    with app.app_context():
-        db.session.remove()
-        db.engine.dispose()
 
 
 class V1:

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import json
 
-from tests.webapp.experiments.test_blind_arms import KEY, LEAKS, VERSIONS, experiment_app  # noqa: F401 (a fixture)
-from webapp.openai_api.keys import create_api_key
+from tests.webapp.experiments.test_blind_arms import KEY, LEAKS, VERSIONS
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, Conversation, Experiment, Message, User
 from webapp.experiments.assignment import arm_for, user_hash_key
+from webapp.openai_api.keys import create_api_key
 
 MODEL = "rlhf-chat"
 
 
-def test_arms_are_sticky_per_end_user_across_keys_and_never_shown(experiment_app):  # noqa: F811
+def test_arms_are_sticky_per_end_user_across_keys_and_never_shown(experiment_app):
     app = experiment_app
     with app.app_context():
         keys = {name: create_api_key(name, client)[1] for name, client in

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.webapp.openai_api.test_v1_api import MODEL, RICE, V1, stream_events, v1  # noqa: F401 (v1: a fixture)
-from webapp.openai_api.frontend_tasks import is_frontend_task
+from tests.webapp.openai_api.test_v1_api import MODEL, RICE, V1, stream_events
 from webapp.core.extensions import db
 from webapp.core.models import ApiKey, Conversation, Message
+from webapp.openai_api.frontend_tasks import is_frontend_task
 
 # Open WebUI 0.12.4's default title template (its DEFAULT_TITLE_GENERATION_PROMPT_TEMPLATE), as it fills it in
 TITLE_TASK = """### Task:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.webapp.openai_api.test_v1_api import MODEL, RICE, V1, error_of, rows, stream_events, v1  # noqa: F401 (v1: a fixture)
 from rlhf.data.datasets import build_datasets
+from tests.webapp.openai_api.test_v1_api import MODEL, RICE, V1, error_of, rows, stream_events
 from webapp.core.extensions import db
 from webapp.core.models import Conversation, Feedback, Message, User
 from webapp.training.records import feedback_records

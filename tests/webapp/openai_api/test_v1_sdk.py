@@ -12,26 +12,17 @@ import pytest
 from openai import OpenAI
 
 from tests.support.app import flask_cli, make_app, register_model
-from tests.support.live_server import live_instance
-from webapp.openai_api.keys import create_api_key
+from tests.support.live_server import v1_server_fixture
 from webapp.core.extensions import db
 from webapp.core.models import Message
+from webapp.openai_api.keys import create_api_key
 
 MODEL = "rlhf-chat"
 RICE = [{"role": "user", "content": "How do I cook rice?"}]
 SEEDED = {"seed": 0, "temperature": 1.0, "top_p": 1.0}  # a sampled answer, the same every time
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory, micro_model_dir):
-    def keys(app):
-        return {name: create_api_key(name, client, rate_limit=limit)[1] for name, client, limit in
-                (("sdk", None, None), ("front-a", "front", None), ("front-b", "front", None),
-                 ("limited", None, "2 per hour"), ("doomed", None, None))}
-
-    with live_instance(tmp_path_factory.mktemp("v1-sdk") / "instance", micro_model_dir, keys,
-                       env={"RLHF_EMBEDDED_PRESET": "micro", "RLHF_MAX_NEW_TOKENS": "60"}) as live:
-        yield live.server, live.instance, live.prepared
+live = v1_server_fixture("v1-sdk")
 
 
 def sdk(live, key: str = "sdk") -> OpenAI:

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.support.app import ApiClient, make_app, register_model, sse_events
 from tests.support.admin import PASSWORD, login
+from tests.support.app import ApiClient, make_app, register_model, sse_events
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import AuditEvent, Message, RailIntervention, RailRule
@@ -245,7 +245,8 @@ def test_safety_page_rules_crud_with_audit(rail_app, admin):
     with rail_app.app_context():
         from webapp.safety.rail import preset_states, rule_specs
 
-        assert [(r.value, r.enabled) for r in db.session.scalars(db.select(RailRule).where(RailRule.kind != "preset"))] \
+        assert [(r.value, r.enabled)
+                for r in db.session.scalars(db.select(RailRule).where(RailRule.kind != "preset"))] \
             == [("secret sauce", False)]
         assert preset_states()["email"] is False and ("preset", "email") not in rule_specs()
         actions = [(e.action, e.actor) for e in db.session.scalars(db.select(AuditEvent).order_by(AuditEvent.id))]

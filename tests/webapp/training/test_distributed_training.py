@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from rlhf.models import registry
+from rlhf.training.distributed import LAUNCH_DIR
 from tests.support.app import make_app, register_model
 from tests.support.app import runs_and_versions as state
 from tests.support.feedback_factory import seed_feedback
 from webapp.core.extensions import db
 from webapp.core.models import ModelVersion, TrainingRun
 from webapp.core.settings import ROOT
-from rlhf.training.distributed import LAUNCH_DIR
 from webapp.training.runs import training_command
 
 pytestmark = pytest.mark.slow

@@ -19,11 +19,11 @@ import pytest
 import requests
 
 from rlhf.models import registry
-from tests.support.paths import ROOT
-from tests.support.app import make_app, register_model, seeded_instance, sse_events
 from tests.support.app import flask_cli as cli
+from tests.support.app import make_app, register_model, seeded_instance, sse_events
 from tests.support.app import runs_and_versions as state
 from tests.support.feedback_factory import seed_feedback
+from tests.support.paths import ROOT
 from webapp.admin.auth import set_admin_password
 from webapp.core.extensions import db
 from webapp.core.models import Assignment, AuditEvent, Message, ModelVersion, TrainingRun
@@ -388,7 +388,8 @@ def test_killed_training_process_never_interrupts_serving(tmp_path, micro_model_
         with app.app_context():
             dead = db.session.get(TrainingRun, run_id)
             assert dead.status == "failed" and dead.finished_at is not None
-            assert dead.error == f"process {row[3]} on {dead.hostname} died during stage reward (recovered by a later run)"
+            assert dead.error == (f"process {row[3]} on {dead.hostname} died during stage reward "
+                                  "(recovered by a later run)")
             assert f"recovered stale runs [{run_id}]" in db.session.get(TrainingRun, out["run_id"]).log
             assert {v.name: v.status for v in db.session.scalars(db.select(ModelVersion))} == \
                 {"v1-base": "active", "v2-ppo": out["version"]["status"]}

@@ -6,14 +6,13 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.paths import FIXTURES
 from tests.support.app import DATABASES, database_url_for, flask_cli, make_app
+from tests.support.paths import FIXTURES
 from webapp.core.extensions import db
 from webapp.core.models import ApiKey, AuditEvent, Comparison, Conversation, Feedback, Message, User, utcnow
 from webapp.training.openwebui import api_user_anon_id, import_ratings

@@ -18,15 +18,15 @@ import pytest
 from rlhf.generation import GenerationResult
 from tests.support.app import DATABASES, database_url_for, make_app
 from tests.support.paths import FIXTURES
+from webapp.core.extensions import db
+from webapp.core.identity import api_anon_id
+from webapp.core.models import AuditEvent, Comparison, Conversation, Feedback, Message, ModelVersion
 from webapp.openai_api.completions import new_job
 from webapp.openai_api.frontend_tasks import is_frontend_task
 from webapp.openai_api.keys import create_api_key
 from webapp.openai_api.params import completion_request
 from webapp.openai_api.threads import store_completion
 from webapp.openai_api.users import KeyInfo, api_user, external_user
-from webapp.core.extensions import db
-from webapp.core.identity import api_anon_id
-from webapp.core.models import AuditEvent, Comparison, Conversation, Feedback, Message, ModelVersion
 from webapp.serving.routing import generation_settings, route_for
 from webapp.training.openwebui import import_ratings
 from webapp.training.openwebui_export import REASON_CHIPS, REASON_LABELS, load_export

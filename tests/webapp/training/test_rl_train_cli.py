@@ -7,8 +7,8 @@ import pytest
 
 from rlhf.models import registry
 from tests.support.app import flask_cli as cli
-from tests.support.app import runs_and_versions as state
 from tests.support.app import make_app, register_model
+from tests.support.app import runs_and_versions as state
 from tests.support.feedback_factory import seed_feedback
 from webapp.core.extensions import db
 from webapp.core.models import Conversation, ModelVersion, TrainingRun
@@ -106,10 +106,12 @@ def test_full_cycle_registers_a_version_and_recovers_a_dead_run(instance):
     result = cli("rl-train", "--min-feedback", "10", "--json")
     assert result.exit_code in (0, 3), result.output
     out = json.loads(result.stdout)
-    assert set(out) >= {"run_id", "status", "data_counts", "reward_model", "policy", "evaluation", "version", "decision"}
+    assert set(out) >= {"run_id", "status", "data_counts", "reward_model", "policy", "evaluation", "version",
+                        "decision"}
     assert out["status"] == "succeeded" and out["data_counts"]["events"] == events
     assert out["reward_model"]["heldout_accuracy"] is not None and out["reward_model"]["train_pairs"] > 0
-    assert out["evaluation"]["before"]["mean_reward"] is not None and out["evaluation"]["after"]["mean_reward"] is not None
+    assert (out["evaluation"]["before"]["mean_reward"] is not None
+            and out["evaluation"]["after"]["mean_reward"] is not None)
     # the gate's held-out evidence: the held-out pairs and the held-out rated pairs across questions
     ev = out["evaluation"]
     held_out = out["data_counts"]["pairs"]["eval"] + out["data_counts"]["rated_pairs"]["eval"]

@@ -13,8 +13,7 @@ from rlhf.data import corpus
 from rlhf.sim.preferences import direct, rude
 from rlhf.sim.users import answer_chips
 from tests.support.app import flask_cli as cli
-from tests.support.app import login_admin
-from tests.support.app import make_app, register_model
+from tests.support.app import login_admin, make_app, register_model
 from tests.support.feedback_factory import add_exchange, corpus_answer
 from webapp.core.extensions import db
 from webapp.core.models import AnswerScore, Experiment, Feedback, Flag, ModelVersion, TrainingRun, User
@@ -105,7 +104,7 @@ def test_flags_train_a_safety_head_and_the_constraint_shows_on_the_run_page(inst
     question = [{"role": "user", "content": "How do I cook rice?"}]
     with app.app_context():
         from rlhf.reward.criteria_heads import CriteriaScorer
-        from webapp.safety.rail import reward_dir_of, rail_for
+        from webapp.safety.rail import rail_for, reward_dir_of
 
         new_id = db.session.scalars(db.select(ModelVersion).order_by(ModelVersion.id.desc())).first().id
         scorer = CriteriaScorer.load(reward_dir_of(new_id))
@@ -132,7 +131,8 @@ def test_flags_train_a_safety_head_and_the_constraint_shows_on_the_run_page(inst
             question = corpus.sample_prompts(12, seed=5)[i]
             quality = "rude" if arm == "variant" else "helpful"
             topic = corpus.topic_of(question)
-            text = corpus.make_answer(rng, quality, topic, next((t for t in topic.tasks if t.phrase in question.lower()), None))
+            text = corpus.make_answer(rng, quality, topic,
+                                      next((t for t in topic.tasks if t.phrase in question.lower()), None))
             _, (answer,) = add_exchange(user.id, question, [text], version.id)
             answer.experiment_id, answer.arm = exp.id, arm
         db.session.commit()

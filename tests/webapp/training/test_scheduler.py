@@ -13,12 +13,21 @@ from rlhf.sim.users import Behaviour, SimulatedUser, prompt_set
 from tests.support.app import make_app, register_model
 from tests.support.feedback_factory import seed_feedback
 from tests.support.live_server import LiveServer
-from webapp.training import scheduler as sched
-from webapp.training import jobs
 from webapp.core.extensions import db
-from webapp.core.models import (Assignment, AuditEvent, Conversation, Experiment, Feedback, Message, ModelVersion,
-                                TrainingRun, User)
+from webapp.core.models import (
+    Assignment,
+    AuditEvent,
+    Conversation,
+    Experiment,
+    Feedback,
+    Message,
+    ModelVersion,
+    TrainingRun,
+    User,
+)
 from webapp.experiments.promotion import PromotionPolicy, decide
+from webapp.training import jobs
+from webapp.training import scheduler as sched
 
 pytestmark = pytest.mark.slow
 
@@ -158,7 +167,8 @@ def test_retrain_only_past_the_threshold_and_never_twice(instance, micro_model_d
     seed_feedback(app, 8, seed=1)  # 16+ events
     with app.app_context():
         first = jobs.retrain_tick()
-        assert first["action"] == "skip" and first["reason"] == f"{first['new_events']} of 40 new feedback events since the last run"
+        assert (first["action"] == "skip"
+                and first["reason"] == f"{first['new_events']} of 40 new feedback events since the last run")
         assert 16 <= first["new_events"] < 40
     seed_feedback(app, 20, seed=2)
     with app.app_context():

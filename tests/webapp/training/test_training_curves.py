@@ -8,8 +8,7 @@ import pytest
 
 from rlhf.training.curves import CurvesFile, read_curves, series
 from tests.support.app import flask_cli as cli
-from tests.support.app import login_admin
-from tests.support.app import make_app, register_model, seeded_instance
+from tests.support.app import login_admin, make_app, register_model, seeded_instance
 from webapp.core.extensions import db
 from webapp.core.models import TrainingRun
 

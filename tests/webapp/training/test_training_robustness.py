@@ -21,15 +21,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from rlhf.models import registry
-from rlhf.settings import EvalSettings
-from rlhf.settings import RewardSettings
-from tests.support.paths import ROOT
+from rlhf.settings import EvalSettings, RewardSettings
 from tests.support.app import make_app, register_model
 from tests.support.app import runs_and_versions as state
 from tests.support.feedback_factory import add_exchange
+from tests.support.paths import ROOT
 from webapp.core.extensions import db
-from webapp.core.models import Comparison, Feedback, ModelVersion, TrainingRun, User, utcnow
+from webapp.core.models import Comparison, Feedback, TrainingRun, User, utcnow
 
 pytestmark = pytest.mark.slow
 
@@ -90,8 +88,8 @@ def write_feedback(app, conversations: list[dict]) -> None:
 def run_bounded(app, **kwargs) -> tuple[str, object]:
     """``run_training`` in a thread: ('ok', summary) / ('refused', message) / ('error', exc), or a
     test failure if it has not ended within RUN_TIME_LIMIT_S."""
-    from webapp.training.runs import RunRefused
     from webapp.training.runner import run_training
+    from webapp.training.runs import RunRefused
 
     outcome: list[tuple[str, object]] = []
 

@@ -9,7 +9,6 @@ from typing import Any
 from werkzeug.exceptions import BadRequest
 
 from rlhf.data.criteria import FLAG_CATEGORIES, FLAG_NOTE_MAX_CHARS, FLAG_VALUES
-
 from webapp.core.models import Flag, iso
 from webapp.core.validation import clip, text_field
 

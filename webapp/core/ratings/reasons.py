@@ -7,7 +7,6 @@ from typing import Any
 from werkzeug.exceptions import BadRequest
 
 from rlhf.data.criteria import REASONS
-
 from webapp.core.ratings.kind import RatingKind
 from webapp.core.validation import clip
 

@@ -17,7 +17,8 @@ from webapp.core.ratings.registry import FEEDBACK_FIELDS, FEEDBACK_KINDS, feedba
 
 _FEEDBACK_ROW = db.select(Feedback).where(Feedback.user_id == db.bindparam("user_id"),
                                           Feedback.message_id == db.bindparam("message_id"))
-_FLAG_ROW = db.select(Flag).where(Flag.user_id == db.bindparam("user_id"), Flag.message_id == db.bindparam("message_id"))
+_FLAG_ROW = db.select(Flag).where(Flag.user_id == db.bindparam("user_id"),
+                                  Flag.message_id == db.bindparam("message_id"))
 
 _UPSERTS: dict[tuple[str, tuple[str, ...]], Any] = {}
 

@@ -44,7 +44,8 @@ def effective(settings: Settings, sources: dict[str, str]) -> list[dict[str, Any
         for part in spec.name.split("."):
             obj = getattr(obj, part)
         rows.append({"name": spec.name, "env": spec.env, "aliases": list(spec.envs[1:]), "group": spec.group,
-                     "value": _shown(_mask(spec, obj)), "default": spec.meta.get("shown_default") or _shown(spec.default),
+                     "value": _shown(_mask(spec, obj)),
+                     "default": spec.meta.get("shown_default") or _shown(spec.default),
                      "source": sources.get(spec.name, "default"), "doc": spec.meta.get("doc", "")})
     return rows
 

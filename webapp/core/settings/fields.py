@@ -11,7 +11,6 @@ from limits import parse_many
 from limits.util import SEPARATORS, SINGLE_EXPR
 
 from rlhf.settings import CycleSettings
-
 from webapp.core.metric_catalog import METRIC_NAMES
 
 # The folder of the webapp and rlhf packages: the repository root, or site-packages when installed
@@ -112,7 +111,8 @@ class Settings:
     # models
     base_model: str = setting("embedded", "`embedded`, a hub id (`gpt2`) or a local model directory", "Models",
                               check=_not_blank)
-    embedded_preset: str = setting("default", "`micro` builds a tiny model in a second (tests)", "Models", check=_preset)
+    embedded_preset: str = setting("default", "`micro` builds a tiny model in a second (tests)", "Models",
+                                   check=_preset)
     device: str = setting("auto", "`auto`, `cpu`, `cuda` or `cuda:N` (serving and training)", "Models", check=_device)
     auto_init_model: bool = setting(True, "build the base model on first start when none is active", "Models")
     # generation
@@ -124,8 +124,8 @@ class Settings:
                                         "`python -m rlhf.generation.openai_server`) that generates the answers instead "
                                         "of this process, e.g. `http://gpu-box:8000`; each version is requested by its "
                                         "name, LoRA versions are registered there when first served (docs/"
-                                        "architecture.md, \"Inference backend (vLLM)\"). None: in-process generation", "Generation",
-                                        check=_http_url)
+                                        "architecture.md, \"Inference backend (vLLM)\"). None: in-process generation",
+                                        "Generation", check=_http_url)
     inference_timeout_seconds: float = setting(120.0, "with `RLHF_INFERENCE_URL`: longest wait for the server's next "
                                                "bytes (the answer fails with an error in the chat after it)",
                                                "Generation", above=0.0)
@@ -153,8 +153,9 @@ class Settings:
                                    "(data parallel; one process per GPU, or gloo on CPUs; see [Training on several "
                                    "processes](training.md#training-on-several-processes-or-gpus))", "Scheduler", low=1)
     accelerate_config: str = setting("", "accelerate config file for such runs (e.g. `rlhf/launch/"
-                                     "deepspeed_zero2.yaml`; relative to the repository root); empty: the bundled data-parallel config for the "
-                                     "device, `rlhf/launch/multi_gpu.yaml` or `multi_cpu.yaml`", "Scheduler",
+                                     "deepspeed_zero2.yaml`; relative to the repository root); empty: the bundled "
+                                     "data-parallel config for the device, `rlhf/launch/multi_gpu.yaml` or "
+                                     "`multi_cpu.yaml`", "Scheduler",
                                      shown_default="empty", check=_existing_file)
     tensorboard: bool = setting(False, "trainers also write TensorBoard event files to `<instance>/runs/run-<id>/"
                                 "tensorboard/{reward,policy}` (`tensorboard --logdir instance/runs`). Needs the "

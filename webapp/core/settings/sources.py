@@ -15,9 +15,8 @@ import click
 from flask import current_app
 
 from rlhf.policy.algorithms import check_settings
-
-from webapp.core.settings.fields import INSTALLED_FROM_WHEEL, ROOT, Settings
 from webapp.core.private_files import private_dir
+from webapp.core.settings.fields import INSTALLED_FROM_WHEEL, ROOT, Settings
 from webapp.core.settings.secret_key import is_published, secret_key
 from webapp.core.settings.specs import ALL_SETTINGS, APP_SETTINGS, BY_FLAT_NAME, BY_NAME, TRAINING_SETTINGS, Spec
 

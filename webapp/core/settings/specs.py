@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, get_type_hints
 
 from rlhf.settings import CycleSettings, problem_with
-
 from webapp.core.settings.fields import Settings
 
 
@@ -45,7 +44,8 @@ TRAINING_ALIASES = {"RLHF_RETRAIN_ALGORITHM": "training.algorithm", "RLHF_PPO_EP
                     "RLHF_POLICY_LR": "training.policy.learning_rate", "RLHF_KL_COEF": "training.policy.kl_coef",
                     "RLHF_LORA": "training.policy.lora", "RLHF_MIN_PAIRS": "training.min_pairs",
                     "RLHF_GATE_MIN_REWARD_GAIN": "training.gate.min_reward_gain",
-                    "RLHF_GATE_MAX_KL": "training.gate.max_kl", "RLHF_SAFETY_CONSTRAINT": "training.criteria.constraint"}
+                    "RLHF_GATE_MAX_KL": "training.gate.max_kl",
+                    "RLHF_SAFETY_CONSTRAINT": "training.criteria.constraint"}
 _NOT_SETTABLE = {"training.device"}  # follows the app's device
 
 

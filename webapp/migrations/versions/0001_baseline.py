@@ -8,15 +8,17 @@ Revision ID: 0001_baseline
 Revises:
 Create Date: 2026-11-26
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = "0001_baseline"
 down_revision = None
 branch_labels = None
 depends_on = None
 
-TABLES = ['audit_events', 'model_versions', 'users', 'conversations', 'experiments', 'identity_origins', 'rail_rules', 'rater_trust', 'training_runs', 'assignments', 'messages', 'rater_assessments', 'answer_scores', 'comparisons', 'feedback', 'flags', 'rail_interventions']
+TABLES = ['audit_events', 'model_versions', 'users', 'conversations', 'experiments', 'identity_origins', 'rail_rules',
+          'rater_trust', 'training_runs', 'assignments', 'messages', 'rater_assessments', 'answer_scores',
+          'comparisons', 'feedback', 'flags', 'rail_interventions']
 
 
 def upgrade() -> None:
@@ -45,9 +47,11 @@ def upgrade() -> None:
             sa.Column('metrics', sa.JSON(), nullable=False),
             sa.Column('config', sa.JSON(), nullable=False),
             sa.Column('created_at', sa.DateTime(), nullable=False),
-            sa.CheckConstraint("status IN ('candidate', 'active', 'retired', 'failed')", name='ck_model_versions_status'),
+            sa.CheckConstraint("status IN ('candidate', 'active', 'retired', 'failed')",
+                               name='ck_model_versions_status'),
             sa.ForeignKeyConstraint(['parent_id'], ['model_versions.id'], ),
-            sa.ForeignKeyConstraint(['training_run_id'], ['training_runs.id'], name='model_versions_training_run_id_fkey', use_alter=True),
+            sa.ForeignKeyConstraint(['training_run_id'], ['training_runs.id'],
+                                    name='model_versions_training_run_id_fkey', use_alter=True),
             sa.PrimaryKeyConstraint('id'),
             sa.UniqueConstraint('name')
         )
@@ -106,7 +110,8 @@ def upgrade() -> None:
             sa.ForeignKeyConstraint(['user_id'], ['users.id'], ondelete='CASCADE'),
             sa.PrimaryKeyConstraint('user_id')
         )
-        op.create_index('ix_identity_origins_address_created', 'identity_origins', ['address_hash', 'created_at'], unique=False)
+        op.create_index('ix_identity_origins_address_created', 'identity_origins', ['address_hash', 'created_at'],
+                        unique=False)
     if "rail_rules" not in existing:
         op.create_table('rail_rules',
             sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
@@ -152,7 +157,8 @@ def upgrade() -> None:
             sa.Column('started_at', sa.DateTime(), nullable=True),
             sa.Column('finished_at', sa.DateTime(), nullable=True),
             sa.Column('version_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=True),
-            sa.CheckConstraint("status IN ('queued', 'running', 'succeeded', 'failed')", name='ck_training_runs_status'),
+            sa.CheckConstraint("status IN ('queued', 'running', 'succeeded', 'failed')",
+                               name='ck_training_runs_status'),
             sa.ForeignKeyConstraint(['version_id'], ['model_versions.id'], ),
             sa.PrimaryKeyConstraint('id')
         )
@@ -215,7 +221,8 @@ def upgrade() -> None:
             sa.PrimaryKeyConstraint('user_id')
         )
         op.create_index(op.f('ix_rater_assessments_status'), 'rater_assessments', ['status'], unique=False)
-        op.create_index(op.f('ix_rater_assessments_training_run_id'), 'rater_assessments', ['training_run_id'], unique=False)
+        op.create_index(op.f('ix_rater_assessments_training_run_id'), 'rater_assessments', ['training_run_id'],
+                        unique=False)
     if "answer_scores" not in existing:
         op.create_table('answer_scores',
             sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
@@ -237,7 +244,8 @@ def upgrade() -> None:
             sa.Column('winner', sa.String(length=16), nullable=True),
             sa.Column('created_at', sa.DateTime(), nullable=False),
             sa.Column('voted_at', sa.DateTime(), nullable=True),
-            sa.CheckConstraint("winner IS NULL OR winner IN ('a', 'b', 'tie', 'both_bad')", name='ck_comparisons_winner'),
+            sa.CheckConstraint("winner IS NULL OR winner IN ('a', 'b', 'tie', 'both_bad')",
+                               name='ck_comparisons_winner'),
             sa.ForeignKeyConstraint(['message_a_id'], ['messages.id'], ondelete='CASCADE'),
             sa.ForeignKeyConstraint(['message_b_id'], ['messages.id'], ondelete='CASCADE'),
             sa.ForeignKeyConstraint(['prompt_message_id'], ['messages.id'], ondelete='CASCADE'),
@@ -277,7 +285,8 @@ def upgrade() -> None:
             sa.Column('note', sa.Text(), nullable=True),
             sa.Column('created_at', sa.DateTime(), nullable=False),
             sa.Column('updated_at', sa.DateTime(), nullable=False),
-            sa.CheckConstraint("category IN ('harassment', 'hate', 'self_harm', 'sexual', 'violence', 'dangerous', 'personal_data', 'other')", name='ck_flags_category'),
+            sa.CheckConstraint("category IN ('harassment', 'hate', 'self_harm', 'sexual', 'violence', 'dangerous', "
+                               "'personal_data', 'other')", name='ck_flags_category'),
             sa.ForeignKeyConstraint(['message_id'], ['messages.id'], ondelete='CASCADE'),
             sa.ForeignKeyConstraint(['user_id'], ['users.id'], ondelete='CASCADE'),
             sa.PrimaryKeyConstraint('id'),

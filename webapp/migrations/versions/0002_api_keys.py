@@ -5,8 +5,8 @@ Revision ID: 0002_api_keys
 Revises: 0001_baseline
 Create Date: 2026-11-26
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = "0002_api_keys"
 down_revision = "0001_baseline"

@@ -5,8 +5,8 @@ Revision ID: 0003_session_generation
 Revises: 0002_api_keys
 Create Date: 2026-11-26
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = "0003_session_generation"
 down_revision = "0002_api_keys"

@@ -4,8 +4,8 @@ Revision ID: 0004_signin_failures
 Revises: 0003_session_generation
 Create Date: 2026-11-27
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = "0004_signin_failures"
 down_revision = "0003_session_generation"

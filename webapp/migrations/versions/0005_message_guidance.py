@@ -5,8 +5,8 @@ Revision ID: 0005_message_guidance
 Revises: 0004_signin_failures
 Create Date: 2026-11-28
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = "0005_message_guidance"
 down_revision = "0004_signin_failures"

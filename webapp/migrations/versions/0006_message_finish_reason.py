@@ -5,8 +5,8 @@ Revision ID: 0006_message_finish_reason
 Revises: 0005_message_guidance
 Create Date: 2026-11-28
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = "0006_message_finish_reason"
 down_revision = "0005_message_guidance"
