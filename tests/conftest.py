@@ -10,6 +10,10 @@ import pytest
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # the README's command runs two test processes on a 2-core machine: one torch thread each (and in
+    # the servers they start), since two processes' OpenMP threads on the same cores wait on each other
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from tests.support.app import SETTING_ENV_KEYS, ApiClient, database_url_for, make_app, register_model  # noqa: E402
 from tests.support.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
