@@ -24,13 +24,13 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rlhf.data.criteria import CRITERIA, SAFETY
 from rlhf.training import distributed
-from rlhf.reward.criteria_heads import HEADS_FILE, HELPFULNESS, INFO_FILE, CriteriaScorer, answer_texts, fit_calibration, \
+from rlhf.reward.criteria_heads import HEADS_FILE, HELPFULNESS, INFO_FILE, CriteriaScorer, fit_calibration, \
     set_scalar_head
 from rlhf.data.datasets import to_standard
 from rlhf.models.loading import resolve_device
 from rlhf.models.loading import context_length
 from rlhf.progress import ProgressFn
-from rlhf.reward.scoring import pairwise_accuracy
+from rlhf.reward.scoring import pairwise_accuracy, reward_texts
 from rlhf.settings import CriteriaSettings, RewardSettings
 from rlhf.training.trl_utils import ProgressCallback, attach_logs, drop_printer, quiet_trl, report_to, training_precision
 from rlhf.trust import normalized_weights
@@ -148,7 +148,7 @@ def tokenized_criterion_pairs(tokenizer: Any, rows: list[dict], heads: list[str]
     token ids; with ``heads``, each with the index of its head (a row without ``criterion``: 0,
     helpfulness)."""
     def ids(prompt: list[dict], answer: str) -> list[int]:
-        text = answer_texts(tokenizer, [prompt], [answer])[0]
+        text = reward_texts(tokenizer, [prompt], [answer])[0]
         return tokenizer(text, add_special_tokens=False)["input_ids"][-max_length:]
 
     out = [{"chosen_ids": ids(r["chosen_prompt"], r["chosen"]), "rejected_ids": ids(r["rejected_prompt"], r["rejected"]),
