@@ -253,14 +253,15 @@ class Dataset:
         prompts, judged, _ = evaluation_prompts([r["prompt"] for r in self.bundle.prompts["eval"]],
                                                 policy_prompts(self.bundle), self.settings)
         ev = self.settings.evaluation
+        self.histories = [p for p in prompts[:judged] for _ in range(ev.samples_per_prompt)]
         self.texts = [self.tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-                      for p in prompts[:judged] for _ in range(ev.samples_per_prompt)]
+                      for p in self.histories]
         self.parent_scores = self._judge_scores(model)
 
     def _judge_scores(self, model: Any) -> list[float]:
         torch.manual_seed(self.settings.evaluation.seed)  # the same sampling noise for both, as the gate
         answers = sampling.sample_answers(model, self.tok, self.texts, self.settings.evaluation)[0]
-        return _scores(self.judge_dir, torch.device("cpu"), self.tok, self.texts, {"m": answers})["m"]
+        return _scores(self.judge_dir, torch.device("cpu"), self.histories, {"m": answers})["m"]
 
     def evidence(self, candidate: Path) -> dict[str, Any]:
         t = self.settings.gate

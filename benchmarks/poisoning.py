@@ -159,8 +159,7 @@ def satisfaction(model_dir: str, pref: str, questions: list[str], seed: int = 7)
 def reward_accuracy(rm_dir: str, pref: str, questions: list[str], seed: int = 11) -> float:
     """The reward model's accuracy on honest held-out pairs: an answer in the preferred style
     (one the preference accepts) against one in the attack style, to the same question."""
-    from rlhf.models.chat_format import render_prompt
-    from rlhf.reward.scoring import load_reward_model, score_texts
+    from rlhf.reward.scoring import load_reward_model, reward_texts, score_texts
 
     rng, judge = random.Random(seed), preference(pref)
     model, tok = load_reward_model(rm_dir)
@@ -173,9 +172,9 @@ def reward_accuracy(rm_dir: str, pref: str, questions: list[str], seed: int = 11
         bad = corpus.make_answer(rng, ATTACK_STYLE[pref], topic, task)
         if good is None or judge(q, bad) >= 0.5:
             continue
-        prefix = render_prompt(tok, [{"role": "user", "content": q}])
-        chosen.append(prefix + " " + good + tok.eos_token)
-        rejected.append(prefix + " " + bad + tok.eos_token)
+        history = [{"role": "user", "content": q}]
+        chosen += reward_texts(tok, [history], [good])
+        rejected += reward_texts(tok, [history], [bad])
     c, r = score_texts(model, tok, chosen), score_texts(model, tok, rejected)
     return sum(x > y for x, y in zip(c, r)) / max(1, len(c))
 

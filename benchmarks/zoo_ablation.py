@@ -46,9 +46,8 @@ from benchmarks.closed_loop import auc  # noqa: E402
 from rlhf.cycle import run_cycle  # noqa: E402
 from rlhf.data.records import ConversationRecord  # noqa: E402
 from rlhf.models import sampling  # noqa: E402
-from rlhf.models.chat_format import end_of_turn_token  # noqa: E402
 from rlhf.models.loading import load_causal_lm  # noqa: E402
-from rlhf.reward.scoring import load_reward_model, score_texts  # noqa: E402
+from rlhf.reward.scoring import load_reward_model, reward_texts, score_texts  # noqa: E402
 from rlhf.settings import CycleSettings, EvalSettings  # noqa: E402
 from rlhf.sim.preferences import ZOO, preference  # noqa: E402
 from rlhf.sim.questions import deployment_questions  # noqa: E402
@@ -126,12 +125,10 @@ def feedback(pref: str, pool: dict[str, list[str]], budget: int, seed: int) -> l
 
 
 def reward_scores(reward_dir: str | Path, items: list[tuple[str, str]]) -> list[float]:
-    """The reward model's score of each (question, answer), rendered as the gate scores answers
-    (rlhf.gate.evaluation._scores)."""
+    """The reward model's score of each (question, answer), rendered as it was trained and as the
+    gate scores answers (rlhf.reward.scoring.reward_texts)."""
     model, tok = load_reward_model(reward_dir)
-    end = end_of_turn_token(tok) or tok.eos_token
-    texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-             + " " + a + end for q, a in items]
+    texts = reward_texts(tok, [[{"role": "user", "content": q}] for q, _ in items], [a for _, a in items])
     with torch.no_grad():
         return score_texts(model, tok, texts)
 

@@ -34,12 +34,11 @@ import torch
 from rlhf.data.criteria import SAFETY
 from rlhf.gate.instruments import heldout_summary, implicit_margins, judge_trust, paired_gain
 from rlhf.gate.verdict import decided_by, evidence_p, evidence_reasons, judged_by, simes  # noqa: F401 (simes: part of the gate's API)
-from rlhf.models.chat_format import end_of_turn_token
 from rlhf.models.loading import load_causal_lm, resolve_device
 from rlhf.models.sampling import answer_logprob, sample_answers
 from rlhf.progress import ProgressFn
 from rlhf.reward.criteria_heads import CriteriaScorer
-from rlhf.reward.scoring import load_reward_model, score_texts
+from rlhf.reward.scoring import load_reward_model, reward_texts, score_texts
 from rlhf.settings import EvalSettings, GateThresholds
 
 PASSED, REJECTED, NOT_ENOUGH_EVIDENCE = "passed", "rejected", "not enough evidence"
@@ -72,13 +71,12 @@ def _summary(texts: list[str], rewards: list[float], judge_rewards: list[float] 
     return out
 
 
-def _scores(reward_dir: str | Path, device: torch.device, tok: Any, prompt_texts: list[str],
+def _scores(reward_dir: str | Path, device: torch.device, histories: list[list[dict]],
             answers: dict[str, list[str]]) -> dict[str, list[float]]:
-    """Each model's answers scored by the reward model in ``reward_dir`` (loaded, used, released)."""
+    """Each model's answers (after their conversations, ``histories``) scored by the reward model in
+    ``reward_dir`` (loaded, used, released), rendered as it was trained (``reward_texts``)."""
     reward, reward_tok = load_reward_model(reward_dir, device)
-    end = end_of_turn_token(tok) or tok.eos_token  # as the reward model's training texts end
-    scores = {name: score_texts(reward, reward_tok, [p + " " + t + end if t else p + end
-                                                     for p, t in zip(prompt_texts, texts)])
+    scores = {name: score_texts(reward, reward_tok, reward_texts(reward_tok, histories, texts))
               for name, texts in answers.items()}
     del reward
     gc.collect()
@@ -100,14 +98,15 @@ def _first_askings(prompt_texts: list[str], per_prompt: int) -> list[int]:
 
 # ---------------------------------------------------------------------------- the checks
 
-def criteria_scores(reward_dir: str | Path, device: torch.device, texts: dict[str, list[str]]
-                    ) -> dict[str, Any] | None:
-    """Each criterion's mean score of each model's answers (full rendered ``texts``), by the run's
-    reward model's criterion heads, and the safety head's flag risk; None without heads."""
+def criteria_scores(reward_dir: str | Path, device: torch.device, histories: list[list[dict]],
+                    answers: dict[str, list[str]]) -> dict[str, Any] | None:
+    """Each criterion's mean score of each model's answers (after their conversations,
+    ``histories``), by the run's reward model's criterion heads, and the safety head's flag risk;
+    None without heads."""
     scorer = CriteriaScorer.load(reward_dir, device)
     if scorer is None:
         return None
-    scores = {name: scorer.score_texts(t) for name, t in texts.items()}
+    scores = {name: scorer.score_answers(histories, a) for name, a in answers.items()}
     out: dict[str, Any] = {"criteria": {c: {name: round(sum(s[c]) / max(1, len(s[c])), 4) for name, s in scores.items()}
                                         for c in scorer.names}}
     if scorer.has_safety:
@@ -157,9 +156,9 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
     dev = resolve_device(device)
     candidate, tok = load_causal_lm(candidate_dir, dev)
     parent, _ = load_causal_lm(parent_dir, dev)
-    prompt_texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-                    for p in prompts[: settings.max_prompts]]
-    prompt_texts = [t for t in prompt_texts for _ in range(settings.samples_per_prompt)]
+    # each conversation once per sample: the sampler reads its rendered text, the scorers the conversation
+    histories = [p for p in prompts[: settings.max_prompts] for _ in range(settings.samples_per_prompt)]
+    prompt_texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in histories]
     if not prompt_texts:
         raise ValueError("no prompts to evaluate on")
     report = progress or (lambda *a: None)
@@ -180,14 +179,11 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
     gc.collect()
 
     answers = {name: s[0] for name, s in samples.items()}
-    trained = _scores(reward_dir, dev, tok, prompt_texts, answers)
-    end = end_of_turn_token(tok) or tok.eos_token
-    per_criterion = criteria_scores(reward_dir, dev, {name: [p + " " + t + end if t else p + end
-                                                             for p, t in zip(prompt_texts, texts_)]
-                                                      for name, texts_ in answers.items()})
+    trained = _scores(reward_dir, dev, histories, answers)
+    per_criterion = criteria_scores(reward_dir, dev, histories, answers)
     # the judge scores only the answers to its own questions (the first ``judged_prompts``)
     n = len(prompt_texts) if judged_prompts is None else judged_prompts * settings.samples_per_prompt
-    judged = _scores(judge_dir, dev, tok, prompt_texts[:n], {name: a[:n] for name, a in answers.items()}) \
+    judged = _scores(judge_dir, dev, histories[:n], {name: a[:n] for name, a in answers.items()}) \
         if judge_dir is not None else None
     report("evaluate", 5, steps)
 

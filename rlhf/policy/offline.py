@@ -19,7 +19,6 @@ from datasets import Dataset
 from transformers import AutoModelForSequenceClassification
 
 from rlhf.data.datasets import to_standard
-from rlhf.models.chat_format import end_of_turn_token
 from rlhf.models.loading import context_length, resolve_device
 from rlhf.policy.common import (
     callbacks,
@@ -31,7 +30,7 @@ from rlhf.policy.common import (
     save_policy,
 )
 from rlhf.progress import ProgressFn
-from rlhf.reward.scoring import score_texts
+from rlhf.reward.scoring import reward_texts, score_texts
 from rlhf.settings import PolicySettings
 from rlhf.training import distributed
 from rlhf.training.trl_utils import quiet_trl
@@ -162,10 +161,9 @@ def train_iterative_dpo(policy_dir: str | Path, reward_dir: str | Path, prompts:
     reward = AutoModelForSequenceClassification.from_pretrained(str(reward_dir), num_labels=1)
     reward.config.pad_token_id = tokenizer.pad_token_id
     reward.to(dev).eval()
-    end = end_of_turn_token(tokenizer) or tokenizer.eos_token
-    with torch.no_grad():  # scored as the gate scores (rlhf.gate.evaluation._scores)
-        flat = score_texts(reward, tokenizer, [texts[j // n] + (" " + a if a else "") + end
-                                               for j, a in enumerate(answers)])
+    histories = [distinct[j // n] for j in range(len(answers))]
+    with torch.no_grad():  # each answer after its conversation, as the reward model was trained (and the gate scores)
+        flat = score_texts(reward, tokenizer, reward_texts(tokenizer, histories, answers))
     del reward
     grouped = [answers[j * n:(j + 1) * n] for j in range(len(texts))]
     scored = [flat[j * n:(j + 1) * n] for j in range(len(texts))]

@@ -3,6 +3,7 @@ each one's advantage taken against the mean of the others (no value model). Prom
 weighted: the prompts of quarantined raters are already gone from the bundle."""
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -11,7 +12,6 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForSequenceClassification
 
-from rlhf.models.chat_format import end_of_turn_token
 from rlhf.models.loading import context_length, resolve_device
 from rlhf.policy.common import (
     callbacks,
@@ -23,22 +23,25 @@ from rlhf.policy.common import (
     save_policy,
 )
 from rlhf.progress import ProgressFn
-from rlhf.reward.scoring import score_texts
+from rlhf.reward.scoring import reward_texts, score_texts
 from rlhf.settings import PolicySettings
 from rlhf.training import distributed
 from rlhf.training.trl_utils import quiet_trl
 
 
 def _reward_function(reward: Any, tokenizer: Any) -> Callable[..., list[float]]:
-    """The reward model as a TRL reward function. TRL's own path for a reward *model* tokenizes
-    prompt + completion without truncation, which overruns the model's positions when a
-    re-encoded completion comes out longer than it was generated; ``score_texts`` keeps the end
-    of over-long texts (where the reward is read) and, like the reward model's training data,
-    ends each text with the end-of-turn token (EOS without one)."""
-    end = end_of_turn_token(tokenizer) or tokenizer.eos_token  # as the reward model's training texts end
+    """The reward model as a TRL reward function. TRL passes each prompt's text, its completion and
+    the row's other columns: ``conversation`` (JSON) is the conversation the prompt renders, and the
+    completion (stripped, as serving stores an answer) is scored after it as the reward model was
+    trained (``reward_texts``), not glued to the prompt text. TRL's own path for a reward *model*
+    tokenizes prompt + completion without truncation, which overruns the model's positions when a
+    re-encoded completion comes out longer than it was generated; ``score_texts`` keeps the end of
+    over-long texts (where the reward is read)."""
 
-    def reward_model_score(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
-        return score_texts(reward, tokenizer, [p + c + end for p, c in zip(prompts, completions)])
+    def reward_model_score(prompts: list[str], completions: list[str], conversation: list[str],
+                           **_: Any) -> list[float]:
+        histories = [json.loads(c) for c in conversation]
+        return score_texts(reward, tokenizer, reward_texts(tokenizer, histories, [c.strip() for c in completions]))
 
     return reward_model_score
 
@@ -58,7 +61,8 @@ def train_rloo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[lis
     reward.config.pad_token_id = tokenizer.pad_token_id
     max_prompt = max(8, context_length(policy) - settings.response_length)
     texts = [prompt_text_within(tokenizer, p, max_prompt) for p in prompts]
-    dataset = Dataset.from_list([{"prompt": t} for t in texts])
+    # the conversation beside its rendered prompt: TRL hands the row's columns to the reward function
+    dataset = Dataset.from_list([{"prompt": t, "conversation": json.dumps(p)} for t, p in zip(texts, prompts)])
     steps = settings.max_steps or max(1, settings.episodes // settings.batch_size)
     with tempfile.TemporaryDirectory(prefix="rloo-") as scratch:
         args = RLOOConfig(**common_args(dev, settings, scratch, logs), per_device_train_batch_size=settings.batch_size,

@@ -28,23 +28,12 @@ from typing import Any
 import torch
 
 from rlhf.data.criteria import SAFETY
-from rlhf.data.datasets import to_standard
 from rlhf.models.loading import context_length
-from rlhf.reward.scoring import load_reward_model
+from rlhf.reward.scoring import load_reward_model, reward_texts
 
 HEADS_FILE = "criteria_heads.safetensors"
 INFO_FILE = "criteria.json"
 HELPFULNESS = "helpfulness"
-
-
-def answer_texts(tokenizer: Any, histories: list[list[dict[str, str]]], answers: list[str]) -> list[str]:
-    """Each answer rendered after its conversation as the reward model reads it (template, ending
-    with the end-of-turn token), the way its training texts were rendered."""
-    out = []
-    for history, answer in zip(histories, answers):
-        row = to_standard({"prompt": history, "completion": [{"role": "assistant", "content": answer}]}, tokenizer)
-        out.append(row["prompt"] + row["completion"])
-    return out
 
 
 def set_scalar_head(model: Any, weight: torch.Tensor) -> None:
@@ -124,7 +113,7 @@ class CriteriaScorer:
 
     @torch.no_grad()
     def score_texts(self, texts: list[str], batch_size: int = 32) -> dict[str, list[float]]:
-        """Each criterion's score of each full rendered text (see ``answer_texts``)."""
+        """Each criterion's score of each full rendered text (see ``rlhf.reward.scoring.reward_texts``)."""
 
         rows: list[list[float]] = []
         device = next(self.model.parameters()).device
@@ -140,7 +129,7 @@ class CriteriaScorer:
 
     def score_answers(self, histories: list[list[dict[str, str]]], answers: list[str]) -> dict[str, list[float]]:
         """Each criterion's score of each answer (given the conversation before it)."""
-        return self.score_texts(answer_texts(self.tokenizer, histories, answers))
+        return self.score_texts(reward_texts(self.tokenizer, histories, answers))
 
     def risk_of_costs(self, costs: list[float]) -> list[float]:
         """Safety-head scores as calibrated probabilities of being flagged (or marked rude)."""

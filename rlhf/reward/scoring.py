@@ -1,8 +1,11 @@
-"""Reading a reward model: load it, find its context length, score texts with it.
+"""Reading a reward model: render answers as it reads them, load it, score texts with it.
 
-The reward is read at each text's last token (TRL's convention), so over-long texts lose their
-start, never their end. Training lives in rlhf.reward.training; the criterion heads in
-rlhf.reward.criteria_heads, which scores through these functions.
+``reward_texts`` is the one rendering of an answer as the reward model reads it: every scorer
+(criterion heads, the gate and its judge, RLOO, iterative DPO, the experiments' metrics) renders
+through it, so what is scored is exactly what the reward model was trained on. The reward is read
+at each text's last token (TRL's convention), so over-long texts lose their start, never their
+end. Training lives in rlhf.reward.training; the criterion heads in rlhf.reward.criteria_heads,
+which scores through these functions.
 """
 from __future__ import annotations
 
@@ -12,7 +15,25 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from rlhf.data.datasets import to_standard
 from rlhf.models.loading import context_length
+
+
+def reward_texts(tokenizer: Any, histories: list[list[dict[str, str]]], answers: list[str]) -> list[str]:
+    """The one rendering of an answer as the reward model reads it: each answer after its
+    conversation (``histories``: the messages before it), rendered by ``tokenizer``'s chat template
+    exactly as the reward model's training texts are (``rlhf.data.datasets.to_standard``: the prompt
+    through the generation prompt, then the answer as the template writes it, ending with the
+    end-of-turn token or EOS), so ``reward_texts(tok, [h], [a])`` is the training text of the pair
+    (h, a). An answer is its text as stored and shown (a sampled one: what the policy generated after
+    the generation prompt, stripped as serving strips it); an empty answer renders as the template
+    writes an empty turn."""
+    out = []
+    for history, answer in zip(histories, answers, strict=True):
+        row = to_standard({"prompt": list(history), "completion": [{"role": "assistant", "content": answer}]},
+                          tokenizer)
+        out.append(row["prompt"] + row["completion"])
+    return out
 
 
 def load_reward_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Any, Any]:

@@ -31,11 +31,10 @@ from rlhf.reward.criteria_heads import (
     HELPFULNESS,
     INFO_FILE,
     CriteriaScorer,
-    answer_texts,
     fit_calibration,
     set_scalar_head,
 )
-from rlhf.reward.scoring import pairwise_accuracy
+from rlhf.reward.scoring import pairwise_accuracy, reward_texts
 from rlhf.settings import CriteriaSettings, RewardSettings
 from rlhf.training import distributed
 from rlhf.training.trl_utils import (
@@ -162,7 +161,7 @@ def tokenized_criterion_pairs(tokenizer: Any, rows: list[dict], heads: list[str]
     token ids; with ``heads``, each with the index of its head (a row without ``criterion``: 0,
     helpfulness)."""
     def ids(prompt: list[dict], answer: str) -> list[int]:
-        text = answer_texts(tokenizer, [prompt], [answer])[0]
+        text = reward_texts(tokenizer, [prompt], [answer])[0]
         return tokenizer(text, add_special_tokens=False)["input_ids"][-max_length:]
 
     out = [{"chosen_ids": ids(r["chosen_prompt"], r["chosen"]),

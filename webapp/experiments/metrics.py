@@ -68,16 +68,15 @@ def _reward_scores(answers: list[Message], rm_path: str | None) -> tuple[dict[in
         db.select(AnswerScore).where(AnswerScore.reward_model == rm_path, AnswerScore.message_id.in_(ids)))}
     missing = [a for a in answers if a.id not in cached]
     if missing:
-        from rlhf.reward.scoring import load_reward_model, score_texts
+        from rlhf.reward.scoring import load_reward_model, reward_texts, score_texts
 
         try:
             model, tok = _cached_reward_model(str(resolve(rm_path)), load_reward_model)
         except Exception as exc:  # whatever from_pretrained raises for a damaged directory
             log.warning("reward model %s cannot be loaded: %s", rm_path, exc)
             return cached, f"the reward model cannot be loaded ({type(exc).__name__}); {len(missing)} answers unscored"
-        texts = [tok.apply_chat_template(history(db.session.get(Message, a.parent_id)), tokenize=False,
-                                         add_generation_prompt=True) + " " + a.content + tok.eos_token
-                 for a in missing]
+        texts = reward_texts(tok, [history(db.session.get(Message, a.parent_id)) for a in missing],
+                             [a.content for a in missing])
         for a, score in zip(missing, score_texts(model, tok, texts)):
             cached[a.id] = score
             db.session.add(AnswerScore(message_id=a.id, reward_model=rm_path, score=score))

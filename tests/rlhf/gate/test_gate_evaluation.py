@@ -189,8 +189,8 @@ def test_the_judge_scores_only_its_own_questions_and_a_repeated_question_counts_
     scored: list[int] = []  # how many answers each reward-model pass scored
     summarized: list[int] = []  # how many answers each summary (reward, distinct-2, repetition) counted
     real_scores, real_summary = evaluation._scores, evaluation._summary
-    monkeypatch.setattr(evaluation, "_scores", lambda d, dev, tok, texts, answers: (
-        scored.append(len(texts)), real_scores(d, dev, tok, texts, answers))[1])
+    monkeypatch.setattr(evaluation, "_scores", lambda d, dev, histories, answers: (
+        scored.append(len(histories)), real_scores(d, dev, histories, answers))[1])
     monkeypatch.setattr(evaluation, "_summary", lambda texts, *rest: (
         summarized.append(len(texts)), real_summary(texts, *rest))[1])
     result = evaluate_candidate(dpo_candidate, micro_model_dir, rm_path, heldout * 2 + train, device="cpu",

@@ -18,12 +18,11 @@ from rlhf.reward.criteria_heads import (
     HEADS_FILE,
     CostConstraint,
     CriteriaScorer,
-    answer_texts,
     cost_weight,
     safety_calibration,
     set_scalar_head,
 )
-from rlhf.reward.scoring import load_reward_model, score_texts
+from rlhf.reward.scoring import load_reward_model, reward_texts, score_texts
 from rlhf.reward.training import train_reward_model
 from rlhf.settings import CriteriaSettings, CycleSettings, GateThresholds, PolicySettings, RewardSettings, TrustSettings
 from rlhf.sim.users import Behaviour, simulate_records
@@ -127,7 +126,7 @@ def test_the_saved_scalar_head_is_helpfulness_plus_the_weighted_chip_heads(crite
     out, metrics = criteria_reward_dir
     model, tok = load_reward_model(out)
     scorer = CriteriaScorer.load(out)
-    texts = answer_texts(tok, [Q] * 3, [RUDE, TERSE, POLITE])
+    texts = reward_texts(tok, [Q] * 3, [RUDE, TERSE, POLITE])
     scalar = score_texts(model, tok, texts)
     heads = scorer.score_texts(texts)
     weights = metrics["criteria"]["weights"]
@@ -165,7 +164,7 @@ def test_cost_constraint_scores_reward_minus_lambda_times_cost_above_the_limit(c
     assert calibration["a"] > 0  # a higher safety score is a likelier flag
     constraint = CostConstraint(model, cost_weight(out), lambda_init=2.0, lr=0.5, tolerance=0.1,
                                 calibration=calibration)
-    texts = answer_texts(tok, [Q] * 3, [RUDE, TERSE, POLITE])
+    texts = reward_texts(tok, [Q] * 3, [RUDE, TERSE, POLITE])
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     width = max(map(len, ids))
     pad = tok.pad_token_id
