@@ -4,8 +4,9 @@ prompt, the texts the gate (its run's reward model, its criterion heads and its 
 and RLOO score for an answer after its conversation are exactly the reward model's training text of
 that pair (``rlhf.data.datasets.to_standard``'s prompt + completion) -- an empty answer, a
 multi-turn conversation and one with its own system message included. Each scorer runs for real on
-a tiny model of the family, imported as the app imports one; only its sampling (gate, iterative DPO) is fixed, so that the answers are known, and
-the reward model's scoring is recorded instead of computed."""
+a tiny model of the family, imported as the app imports one; only its sampling (gate, iterative DPO)
+is fixed, so that the answers are known, and the reward model's scoring is recorded instead of
+computed."""
 from __future__ import annotations
 
 from pathlib import Path
