@@ -161,13 +161,28 @@ def p95(values: list[float]) -> float | None:
 _APPS: dict[Path, object] = {}
 
 
+def gate_record(evaluation: dict | None) -> dict | None:
+    """What the gate decided a run's candidate on, kept in the results so a loss can be explained:
+    its reasons, the evidence that carried the verdict, the held-out pairs' effect and the judge's gain."""
+    if not evaluation:
+        return None
+    h, j = evaluation.get("heldout") or {}, evaluation.get("judge") or {}
+    return {"reasons": evaluation.get("reasons"), "decided_by": evaluation.get("decided_by"),
+            "judged_by": evaluation.get("judged_by"),
+            "heldout": {k: h.get(k) for k in ("pairs", "wins", "losses", "p_value", "mean_margin", "margin_low",
+                                              "effect_p")},
+            "judge": {k: j.get(k) for k in ("trusted", "accuracy", "gain", "p_value", "prompts")} if j else None,
+            "kl_from_parent": evaluation.get("kl_from_parent")}
+
+
 def db_state(instance: Path):
     """(training runs, experiments) as plain tuples, read through one app per instance."""
     app = _APPS.setdefault(instance, make_app(instance))
     with app.app_context():
         runs = [(r.id, r.status, r.trigger, (r.metrics or {}).get("decision"),
                  (r.metrics or {}).get("reward_model", {}).get("heldout_accuracy"), r.started_at, r.finished_at,
-                 (r.feedback_counts or {}).get("events"), (r.metrics or {}).get("version"))
+                 (r.feedback_counts or {}).get("events"), (r.metrics or {}).get("version"),
+                 gate_record((r.metrics or {}).get("evaluation")))
                 for r in db.session.scalars(db.select(TrainingRun).order_by(TrainingRun.id))]
         exps = [(e.key, e.status, e.decision, e.variant_version.name, e.control_version.name)
                 for e in db.session.scalars(db.select(Experiment).order_by(Experiment.id))]
@@ -346,7 +361,7 @@ def run_preference(preference: str, model_dir: Path, behaviour: Behaviour | None
             rnd.update(training_s=round(time.perf_counter() - t0, 1), run_id=run[0] if run else None,
                        run_status=run[1] if run else "no run", run_decision=run[3] if run else None,
                        reward_model_accuracy=run[4] if run else None, run_events=run[7] if run else None,
-                       scheduler_started_run=bool(started))
+                       scheduler_started_run=bool(started), gate=run[9] if run else None)
             if not run or run[3] != "candidate":
                 rounds.append(rnd)
                 continue
