@@ -118,7 +118,10 @@ def run_metrics(instance: Path, run_id: int) -> dict[str, Any]:
             "prompts": counts.get("prompts"), "pairs": counts.get("pairs"),
             "rm_heldout_accuracy": (m.get("reward_model") or {}).get("heldout_accuracy"),
             "gate": {"verdict": ev.get("verdict"), "heldout": f"{h.get('wins')}/{h.get('pairs')}",
-                     "heldout_p": h.get("p_value"), "judge_gain": j.get("gain"), "judge_p": j.get("p_value"),
+                     "heldout_p": h.get("p_value"), "heldout_mean_margin": h.get("mean_margin"),
+                     "heldout_margin_low": h.get("margin_low"), "heldout_effect_p": h.get("effect_p"),
+                     "decided_by": ev.get("decided_by"),
+                     "judge_gain": j.get("gain"), "judge_p": j.get("p_value"),
                      "judge_trusted": j.get("trusted"), "judge_prompts": j.get("prompts"),
                      "evidence_p": ev.get("evidence_p"), "reasons": ev.get("reasons")},
             "timings": m.get("timings"), "log_tail": log.splitlines()[-3:]}
