@@ -54,7 +54,7 @@ from rlhf.models import sampling  # noqa: E402
 from rlhf.models.loading import import_pretrained, load_causal_lm  # noqa: E402
 from rlhf.reward.scoring import load_reward_model, reward_texts, score_texts  # noqa: E402
 from rlhf.reward.training import train_reward_model  # noqa: E402
-from rlhf.settings import CycleSettings, EvalSettings, RewardSettings  # noqa: E402
+from rlhf.settings import CycleSettings, EvalSettings  # noqa: E402
 from rlhf.sim.preferences import REAL, preference  # noqa: E402
 from rlhf.sim.questions import deployment_questions  # noqa: E402
 from rlhf.sim.users import Behaviour, simulate_records  # noqa: E402
@@ -208,7 +208,8 @@ def run_variant(taste: str, variant: str, base: Path, prepared: Any, unrated: di
                "evidence_accuracy": evidence_accuracy(out, heldout_evidence(bundle)),
                "evidence_rows": len(heldout_evidence(bundle)),
                "auc_unrated": unrated_auc(out, unrated, taste),
-               "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "s_per_step": round(wall / max(1, metrics["steps"]), 2),
+               "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+               "s_per_step": round(wall / max(1, metrics["steps"]), 2),
                "load_before": [round(x, 2) for x in load_before],
                "load_after": [round(x, 2) for x in os.getloadavg()],
                "threads": torch.get_num_threads(), "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())}

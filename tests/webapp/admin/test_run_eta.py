@@ -65,8 +65,8 @@ def test_the_page_and_the_api_say_how_long_is_left(setup):
     page = admin.get(f"/admin/runs/{running_id}").get_data(as_text=True)
     shown = page[page.index('data-testid="run-eta"'):].split("</span>", 1)[0]
     assert "hidden" not in shown.split(">", 1)[0]
-    assert f"about 2 min left in reward; about 29 min for the whole run (later stages as long as in run #{finished_id})" \
-        in shown
+    assert ("about 2 min left in reward; about 29 min for the whole run "
+            f"(later stages as long as in run #{finished_id})") in shown
     assert admin.get(f"/api/admin/runs/{finished_id}").get_json().get("eta") is None
     assert 'data-testid="run-eta" hidden' in admin.get(f"/admin/runs/{finished_id}").get_data(as_text=True)
 
