@@ -21,7 +21,7 @@ minutes at 256 tokens). Run alone: every figure is a time on a shared machine ot
 
     .venv/bin/python benchmarks/real_model_reward.py --shares            # each taste's share of the pool
     .venv/bin/python benchmarks/real_model_reward.py --taste as_list --variant full_5e-4 top2_1e-4 \\
-        --json benchmarks/results/real_model_reward.jsonl
+        --json FILE
 
 One module because it is one experiment read top to bottom: model, pool, feedback, variants.
 """
