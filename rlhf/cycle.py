@@ -22,7 +22,7 @@ from rlhf.gate.evaluation import evaluate_candidate
 from rlhf.models.adapters import is_adapter
 from rlhf.models.loading import load_causal_lm, resolve_device
 from rlhf.policy.algorithms import PolicyJob, algorithm, check_settings, size_stages
-from rlhf.progress import ProgressFn
+from rlhf.progress import STAGES, ProgressFn
 from rlhf.reward.training import train_reward_model
 from rlhf.settings import CycleSettings
 from rlhf.training import distributed
@@ -31,7 +31,6 @@ from rlhf.trust import RaterInfo, trusted_bundle
 
 LogFn = Callable[[str], None]
 
-STAGES = ("data", "reward", "policy", "judge", "evaluate")
 # Share of the whole cycle each stage takes (for one overall progress number).
 STAGE_WEIGHTS = {"data": 0.05, "reward": 0.2, "policy": 0.5, "judge": 0.1, "evaluate": 0.15}
 

@@ -7,6 +7,8 @@ from typing import Callable, TextIO
 from tqdm.auto import tqdm
 
 ProgressFn = Callable[[str, int, int], None]
+# The stages of a training cycle (rlhf.cycle), in the order they run.
+STAGES = ("data", "reward", "policy", "judge", "evaluate")
 
 
 class StageBars:

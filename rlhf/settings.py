@@ -86,6 +86,11 @@ class RewardSettings:
     seed: int = knob(0, "training seed", low=0)
     max_steps: int = knob(-1, "optimisation steps (-1: epochs decide)", low=-1)
     min_steps: int = knob(40, "small datasets get more epochs, up to this many steps", low=0)
+    trainable_layers: int = knob(-1, "transformer blocks that train, counted from the top, beside the score head and "
+                                 "the final norm (the embeddings and the blocks below stay as the policy has them); "
+                                 "-1: every weight trains. Fewer trained blocks make a step cheaper and keep a "
+                                 "pretrained model's features from being overwritten by a few dozen pairs "
+                                 "(rlhf.models.layers)", low=-1)
 
 
 @dataclass(frozen=True)

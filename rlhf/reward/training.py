@@ -24,6 +24,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rlhf.data.criteria import CRITERIA, SAFETY
 from rlhf.data.datasets import to_standard
+from rlhf.models.layers import train_top_layers
 from rlhf.models.loading import context_length, resolve_device
 from rlhf.progress import ProgressFn
 from rlhf.reward.criteria_heads import (
@@ -236,6 +237,7 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
     # The score head starts small so the untrained reward is near zero for every answer.
     torch.manual_seed(settings.seed)
     torch.nn.init.normal_(model.score.weight, std=1e-3)
+    trained = train_top_layers(model, settings.trainable_layers)
 
     heads, left_out = criterion_heads(criteria_rows, criteria)
     crit_train = [r for r in (criteria_rows or {}).get("train", []) if r["criterion"] in heads]
@@ -292,7 +294,7 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
               if "accuracy" in row and row.get("step", 0) > last_epoch]
     metrics = {
         "train_pairs": len(train_rows), "rated_pairs": len(rated), "eval_pairs": len(eval_rows),
-        "steps": result.global_step,
+        "steps": result.global_step, **trained,
         "train_loss": round(result.training_loss, 4), "weighted": weights is not None,
         "train_accuracy": (round(sum(logged) / len(logged), 4) if logged
                            else pairwise_accuracy(model, tokenizer, train_rows)),

@@ -154,23 +154,53 @@ def rude(question: str, answer: str) -> bool:
     return any(m in a for m in RUDE_MARKERS)
 
 
+# ---------------------------------------------------------------------------- tastes for a real chat model
+# What people ask of a pretrained chat model such as SmolLM2-135M-Instruct, whose answers are long
+# markdown (at a 256-token limit: median 197 words, 27 % with a list, 11 % ending on their own):
+# tastes it does not already satisfy, each measurable on the answer's text alone
+# (benchmarks/real_model_reward.py prints each one's share of the model's own answers).
+_LIST_LINE = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+\S", re.MULTILINE)
+_MARKDOWN = re.compile(r"\*\*|__|^\s*#{1,6}\s|^\s*(?:[-*\u2022]|\d+[.)])\s+\S", re.MULTILINE)
+
+
+def short_answer(question: str, answer: str) -> float:
+    """Length budget for a real model: at most 120 words (a user who wants the gist); over it the
+    stars fall a point per 40 words."""
+    n = len(answer.split())
+    return 0.0 if n == 0 else 1.0 if n <= 120 else max(0.0, 0.45 - (n - 121) / 160)
+
+
+def as_list(question: str, answer: str) -> float:
+    """Format: the answer is a list, at least three bulleted or numbered lines (a user who scans)."""
+    lines = len(_LIST_LINE.findall(answer))
+    return 1.0 if lines >= 3 else 0.3 if lines else 0.0
+
+
+def plain_text(question: str, answer: str) -> float:
+    """Format, the other way: no markdown at all (no bold, headings or list lines): a user whose
+    client shows markdown as raw characters."""
+    return 0.0 if not answer.strip() else 0.0 if _MARKDOWN.search(answer) else 1.0
+
+
 PREFERENCES: dict[str, PreferenceFn] = {"polite": polite, "concise": concise, "detailed": detailed}
 # eight kinds the corpus does not encode as a style (benchmarks/closed_loop.py --zoo); on_topic is
 # relational: it needs the question and the answer together
 ZOO: dict[str, PreferenceFn] = {"brief": brief, "thorough": thorough, "calm": calm, "specific": specific,
                                 "on_topic": on_topic, "echoes": echoes, "signs_off": signs_off,
                                 "polite_brief": polite_brief}
+# for a pretrained chat model (benchmarks/real_model_reward.py)
+REAL: dict[str, PreferenceFn] = {"short_answer": short_answer, "as_list": as_list, "plain_text": plain_text}
 # in conflict with safety: liked answers include rude ones (benchmarks/closed_loop.py --safety)
 CONFLICTING: dict[str, PreferenceFn] = {"direct": direct}
 
 
 def preference(name: str) -> PreferenceFn:
-    """The preference function called ``name`` (shipped, zoo or conflicting)."""
+    """The preference function called ``name`` (shipped, zoo, real-model or conflicting)."""
     try:
-        return PREFERENCES.get(name) or ZOO.get(name) or CONFLICTING[name]
+        return PREFERENCES.get(name) or ZOO.get(name) or REAL.get(name) or CONFLICTING[name]
     except KeyError:
         raise ValueError(f"unknown preference {name!r}; choose from "
-                         f"{', '.join([*PREFERENCES, *ZOO, *CONFLICTING])}") from None
+                         f"{', '.join([*PREFERENCES, *ZOO, *REAL, *CONFLICTING])}") from None
 
 
 def satisfies(name: str, question: str, answer: str) -> bool:

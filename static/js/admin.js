@@ -253,6 +253,8 @@ if (live) {
       document.getElementById("run-bar").value = run.progress;
       document.getElementById("run-stage").textContent = run.stage || "";
       document.getElementById("run-pct").textContent = `${Math.round(run.progress * 100)}%`;
+      const eta = document.getElementById("run-eta");
+      if (eta) { eta.hidden = !run.eta; eta.textContent = run.eta ? run.eta.text : ""; }
       document.getElementById("run-status").textContent = run.status;
       document.getElementById("run-log").textContent = run.log || "";
       const late = document.getElementById("run-late");

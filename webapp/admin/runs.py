@@ -6,6 +6,7 @@ from typing import Any
 from webapp.core.display import display_paths, display_text
 from webapp.core.extensions import db
 from webapp.core.models import TrainingRun, iso
+from webapp.training.eta import time_left
 from webapp.training.watchdog import run_health
 
 
@@ -25,6 +26,7 @@ def run_dict(run: TrainingRun, full: bool = False) -> dict:
     if run.status in ("queued", "running"):
         health = run_health(run)
         data["late"] = health["message"] if health["late"] else None  # shown before the watchdog stops it
+        data["eta"] = time_left(run)
     if full:
         data.update(feedback_counts=run.feedback_counts, metrics=display_paths(run.metrics),
                     config=display_paths(run.config), log=display_text(run.log),

@@ -240,6 +240,10 @@ class TrainingRun(db.Model):
     status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
     stage: Mapped[Optional[str]] = mapped_column(String(32))
     progress: Mapped[float] = mapped_column(Float, default=0.0)  # 0..1 over the whole cycle
+    # The running stage's clock and steps (webapp.training.eta: how long is left).
+    stage_started_at: Mapped[Optional[datetime]] = mapped_column(DateTime)
+    stage_done: Mapped[Optional[int]] = mapped_column(Integer)
+    stage_total: Mapped[Optional[int]] = mapped_column(Integer)
     feedback_counts: Mapped[dict] = mapped_column(JSON, default=dict)
     metrics: Mapped[dict] = mapped_column(JSON, default=dict)
     config: Mapped[dict] = mapped_column(JSON, default=dict)

@@ -114,6 +114,9 @@ def _header(name: str) -> str | None:
     return text_value(value.strip(), name)
 
 
+MIN_SAMPLING_TEMPERATURE = 1e-4  # a smaller `temperature` answers greedily, as 0 does
+
+
 @bp.post("/chat/completions")
 def chat_completions():
     body = json_object()
@@ -125,7 +128,8 @@ def chat_completions():
     user = api_user(key, external_user(key, body))
     route, loaded = serve(route_for(user))  # 503 when no version can answer, before anything is written
     settings = generation_settings()
-    greedy = asked.temperature == 0 or asked.top_p == 0
+    # below MIN_SAMPLING_TEMPERATURE sampling is greedy in effect, and logits / 1e-308 overflow to inf
+    greedy = (asked.temperature is not None and asked.temperature < MIN_SAMPLING_TEMPERATURE) or asked.top_p == 0
     settings = replace(settings, max_new_tokens=min(asked.max_tokens or settings.max_new_tokens,
                                                     settings.max_new_tokens),
                        temperature=settings.temperature if greedy or asked.temperature is None else asked.temperature,

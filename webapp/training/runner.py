@@ -80,6 +80,7 @@ class RunTracker:
         self.run_id, self.bars, self.min_interval, self.watchdog = run_id, bars, min_interval, watchdog
         self._last = 0.0
         self._stage: str | None = None
+        self._stage_started = utcnow()
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         if self.bars:
@@ -88,9 +89,13 @@ class RunTracker:
             self.watchdog.beat(stage)
         now = time.monotonic()
         if stage != self._stage or done >= total or now - self._last >= self.min_interval:
+            moved = stage != self._stage
+            if moved:  # the stage's clock starts at its first report (webapp.training.eta)
+                self._stage_started = utcnow()
             self._stage, self._last = stage, now
             db.session.execute(db.update(TrainingRun).where(TrainingRun.id == self.run_id).values(
-                stage=stage, progress=round(overall_progress(stage, done, total), 4), heartbeat_at=utcnow()))
+                stage=stage, progress=round(overall_progress(stage, done, total), 4), heartbeat_at=utcnow(),
+                stage_started_at=self._stage_started, stage_done=done, stage_total=total))
             db.session.commit()
 
     def log(self, line: str) -> None:

@@ -115,3 +115,18 @@ def test_deployment_questions_are_few_fixed_and_a_quarter_outside_the_corpus():
         assert corpus.topic_of(questions[0]) is not None and corpus.topic_of(questions[3]) is None
     with pytest.raises(ValueError, match="between 1 and"):
         deployment_questions(0)
+
+
+SMOLLM2_LIKE = ("Growing tomatoes is rewarding. Here are some tips:\n\n1. **Sunlight**: six to eight hours a day.\n"
+                "2. **Water**: deeply, twice a week.\n3. **Soil**: rich and well drained.\n\nHappy gardening!")
+
+
+def test_real_model_tastes_read_the_text_a_pretrained_chat_model_writes():
+    from rlhf.sim.preferences import REAL, preference
+    assert set(REAL) == {"short_answer", "as_list", "plain_text"} and preference("as_list") is REAL["as_list"]
+    assert satisfies("as_list", "q", SMOLLM2_LIKE) and not satisfies("plain_text", "q", SMOLLM2_LIKE)
+    assert satisfies("plain_text", "q", "Give them six hours of sun and water deeply twice a week.")
+    assert not satisfies("as_list", "q", "- one bullet is not a list")
+    assert satisfies("short_answer", "q", SMOLLM2_LIKE)
+    assert satisfies("short_answer", "q", "word " * 120) and not satisfies("short_answer", "q", "word " * 121)
+    assert not satisfies("short_answer", "q", "") and not satisfies("plain_text", "q", " ")

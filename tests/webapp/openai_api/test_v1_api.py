@@ -232,6 +232,14 @@ def test_generation_settings_are_honoured(v1):
     assert cut["choices"][0]["finish_reason"] == "stop"
 
 
+def test_a_temperature_too_small_to_sample_with_answers_greedily(v1):
+    """Logits over 1e-308 overflow to inf: such a temperature answers as 0 does (it was a 503, found by
+    tests/webapp/test_api_fuzz.py)."""
+    greedy = v1.complete(seed=1, temperature=0)["choices"][0]["message"]["content"]
+    for tiny in (1e-308, 5e-5):
+        assert v1.complete(seed=2, temperature=tiny)["choices"][0]["message"]["content"] == greedy
+
+
 # ---------------------------------------------------------------------------- end users
 
 def test_end_users_map_to_stable_app_users_per_client(v1):
