@@ -439,9 +439,11 @@ def test_the_rail_applies_to_api_answers(v1):
     stored = rows(v1, Message, completion_id=events[0]["id"])[0]
     assert stored.content == sent.strip()
     assert len(rows(v1, RailIntervention)) == 2
-    # blocked before anything went out: the refusal is the streamed answer
+    # blocked before anything went out: the refusal is the streamed answer (the seeded answer above is not
+    # empty; an unseeded one can be, and an empty answer has nothing to block: CI run of 2026-11-29)
     v1.db(lambda: (db.session.add(RailRule(kind="pattern", value=r"\S")), db.session.commit()))
-    events = stream_events(v1.post("/v1/chat/completions", {"model": MODEL, "messages": RICE, "stream": True}))
+    events = stream_events(v1.post("/v1/chat/completions", {"model": MODEL, "messages": RICE, "seed": 3,
+                                                            "temperature": 1.0, "top_p": 1.0, "stream": True}))
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == \
         "Sorry, I can't share that answer."
     assert events[-2]["choices"][0]["finish_reason"] == "content_filter"
