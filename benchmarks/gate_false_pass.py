@@ -364,14 +364,30 @@ def _signed_rank_p(values: list[float]) -> float:
     return float(wilcoxon(values, alternative="greater").pvalue) if values else 1.0
 
 
+def _standardized_gain_p(diffs: list[float], min_d: float) -> float:
+    """One-sided p-value for "the judge's standardized gain (mean / sd of its per-prompt gains, Cohen's
+    d_z) is above ``min_d``": the noncentral t test, free of the judge's own scale."""
+    from scipy.stats import nct
+
+    n = len(diffs)
+    if n < 3:
+        return 1.0
+    mean = sum(diffs) / n
+    sd = (sum((d - mean) ** 2 for d in diffs) / (n - 1)) ** 0.5
+    if sd <= JUDGE_TIE:
+        return 0.0 if mean > JUDGE_TIE else 1.0
+    return float(nct.sf(mean / (sd / n ** 0.5), n - 1, min_d * n ** 0.5))
+
+
 def rule_passes(row: dict[str, Any], stat: str, min_margin: float, flat_p: float, judge_min: float = 0.0,
-                both: bool = False, alpha: float = 0.05) -> bool:
+                both: bool = False, alpha: float = 0.05, judge_stat: str = "gain") -> bool:
     """Whether ``row``'s evidence passes a candidate rule: the pairs' effect by ``stat`` (``t``: the mean
     margin's t bound, the shipped statistic; ``signrank``: Wilcoxon on margin - min_margin; ``deadzone``:
     the sign test with |margin| <= min_margin a tie; ``sign``: the old sign test); a trusted judge's gain
     above ``judge_min`` (signed-rank test of its per-prompt gains, as the gate); a trusted judge whose
     p-value for any gain is ``flat_p`` or more vetoes; Simes at ``alpha`` (``both``: with a trusted judge,
-    each instrument below ``alpha`` on its own); no decline on either."""
+    each instrument below ``alpha`` on its own); no decline on either. ``judge_stat`` ``dz``: the judge's
+    standardized gain above ``judge_min`` instead of its raw gain (a scale-free effect)."""
     from scipy.stats import binomtest, wilcoxon
 
     if "margins" not in row:
@@ -392,7 +408,8 @@ def rule_passes(row: dict[str, Any], stat: str, min_margin: float, flat_p: float
         p = binomtest(wins, wins + losses, 0.5, alternative="greater").pvalue if wins + losses else 1.0
     else:
         p = h["p_value"]
-    judge_p = _signed_rank_p([d - judge_min for d in row["judge_diffs"]]) if trusted else None
+    judge_p = None if not trusted else _standardized_gain_p(row["judge_diffs"], judge_min) if judge_stat == "dz" \
+        else _signed_rank_p([d - judge_min for d in row["judge_diffs"]])
     if both and trusted:
         return p < alpha and judge_p < alpha
     return simes([p] + ([judge_p] if trusted else [])) < alpha
@@ -454,27 +471,29 @@ def analyse(rows: list[dict[str, Any]], grid: bool = True) -> tuple[str, dict[st
         lines += ["", "Candidate rules on the same runs: moved flat candidates passed (all of them; in brackets those "
                       "ground truth does not call better, where it was measured) / real wins (ground truth better) "
                       "passed, per shape.", "",
-                  "| pairs' statistic | min margin (nats) | judge's min gain | trusted judge vetoes at p >= | "
-                  "with a trusted judge | " + " | ".join(shapes) + " |", "|---|---|---|---|---|" + "---|" * len(shapes)]
-        rules = [("sign", 0.0, 0.0, 1.0, False)]
-        rules += [("t", d, jm, fp, False) for d in (0.0, 0.25, 0.5, 0.75, 1.0) for jm in (0.0, 0.2)
+                  "| pairs' statistic | min margin (nats) | judge's min gain (d: standardized) | "
+                  "trusted judge vetoes at p >= | with a trusted judge | " + " | ".join(shapes) + " |",
+                  "|---|---|---|---|---|" + "---|" * len(shapes)]
+        rules = [("sign", 0.0, 0.0, 1.0, False, "gain")]
+        rules += [("t", d, jm, fp, False, "gain") for d in (0.0, 0.25, 0.5, 0.75, 1.0) for jm in (0.0, 0.2)
                   for fp in (1.0, 0.5, 0.05)]
-        rules += [(st, d, jm, 0.05, True) for st in ("sign", "t") for d in ((0.0,) if st == "sign" else
-                                                                          (0.0, 0.25, 0.5, 0.75, 1.0))
+        rules += [("t", d, jm, 0.5, False, "dz") for d in (0.5, 0.75) for jm in (0.2, 0.3, 0.5, 0.8)]
+        rules += [(st, d, jm, 0.05, True, "gain") for st in ("sign", "t") for d in ((0.0,) if st == "sign" else
+                                                                                  (0.0, 0.25, 0.5, 0.75, 1.0))
                   for jm in (0.0, 0.2)]
-        rules += [(st, d, 0.0, 0.05, False) for st in ("signrank", "deadzone") for d in (0.25, 0.5, 1.0)]
-        for stat, delta, judge_min, flat_p, both in rules:
+        rules += [(st, d, 0.0, 0.05, False, "gain") for st in ("signrank", "deadzone") for d in (0.25, 0.5, 1.0)]
+        for stat, delta, judge_min, flat_p, both, judge_stat in rules:
             cells = []
             for shape in shapes:
                 ev = [r for r in judged if r["shape"] == shape and "margins" in r]
                 flats = [r for r in ev if r["kind"] in MOVED_KINDS]
                 flat_gt = [r for r in flats if not (r.get("truth") or {}).get("better")]
                 wins = [r for r in ev if r["kind"] == "real" and r["truth"]["better"]]
-                f = sum(rule_passes(r, stat, delta, flat_p, judge_min, both) for r in flats)
-                g = sum(rule_passes(r, stat, delta, flat_p, judge_min, both) for r in flat_gt)
-                w = sum(rule_passes(r, stat, delta, flat_p, judge_min, both) for r in wins)
+                f, g, w = (sum(rule_passes(r, stat, delta, flat_p, judge_min, both, judge_stat=judge_stat)
+                               for r in rs) for rs in (flats, flat_gt, wins))
                 cells.append(f"{f}/{len(flats)} ({g}/{len(flat_gt)}) / {w}/{len(wins)}")
-            lines.append(f"| {stat} | {delta:g} | {judge_min:g} | {'never' if flat_p >= 1 else flat_p} | "
+            shown = f"{'d ' if judge_stat == 'dz' else ''}{judge_min:g}"
+            lines.append(f"| {stat} | {delta:g} | {shown} | {'never' if flat_p >= 1 else flat_p} | "
                          f"{'both must show it' if both else 'either may carry (Simes)'} | " + " | ".join(cells) + " |")
     return "\n".join(lines), summary
 
