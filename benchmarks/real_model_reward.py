@@ -71,6 +71,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "top2_3e-5": {"trainable_layers": 2, "learning_rate": 3e-5},
     "head_1e-3": {"trainable_layers": 0, "learning_rate": 1e-3},
     "head_1e-2": {"trainable_layers": 0, "learning_rate": 1e-2},
+    # with the frozen blocks' features cached (rlhf.models.frozen_features) a step of these is cheap: more steps
+    "head_1e-3_200": {"trainable_layers": 0, "learning_rate": 1e-3, "min_steps": 200},
+    "top2_1e-4_120": {"trainable_layers": 2, "learning_rate": 1e-4, "min_steps": 120},
 }
 
 
@@ -186,6 +189,7 @@ def run_variant(taste: str, variant: str, base: Path, prepared: Any, unrated: di
                "train_pairs": metrics["train_pairs"], "rated_pairs": metrics["rated_pairs"],
                "eval_pairs": metrics["eval_pairs"], "steps": metrics["steps"],
                "trained_parameters": metrics.get("trained_parameters"),
+               "feature_cache": metrics.get("feature_cache"),
                "train_accuracy": metrics["train_accuracy"], "heldout_accuracy": metrics["heldout_accuracy"],
                "evidence_accuracy": evidence_accuracy(out, heldout_evidence(bundle)),
                "evidence_rows": len(heldout_evidence(bundle)),

@@ -24,19 +24,23 @@ def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList | None:
     return best
 
 
-def _head_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules above the blocks that must train with them: the score (or LM) head and the final
-    norm (``model.norm`` in Llama, ``transformer.ln_f`` in GPT-2)."""
-    out: list[torch.nn.Module] = []
-    for name in ("score", "lm_head", "classifier"):
-        if isinstance(getattr(model, name, None), torch.nn.Module):
-            out.append(getattr(model, name))
+def final_norm(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The norm between the blocks and the head (``model.norm`` in Llama, ``transformer.ln_f`` in GPT-2),
+    or None."""
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
     for name in ("norm", "ln_f", "final_layernorm", "final_layer_norm"):
         module = getattr(base, name, None) if base is not None else None
         if isinstance(module, torch.nn.Module):
-            out.append(module)
-    return out
+            return module
+    return None
+
+
+def _head_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules above the blocks that must train with them: the score (or LM) head and the final norm."""
+    out: list[torch.nn.Module] = [getattr(model, name) for name in ("score", "lm_head", "classifier")
+                                  if isinstance(getattr(model, name, None), torch.nn.Module)]
+    norm = final_norm(model)
+    return out + ([norm] if norm is not None else [])
 
 
 def train_top_layers(model: torch.nn.Module, n: int) -> dict[str, Any]:

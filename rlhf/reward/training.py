@@ -15,6 +15,7 @@ import json
 import math
 import tempfile
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rlhf.data.criteria import CRITERIA, SAFETY
 from rlhf.data.datasets import to_standard
+from rlhf.models.frozen_features import FrozenFeatureCache
 from rlhf.models.layers import train_top_layers
 from rlhf.models.loading import context_length, resolve_device
 from rlhf.progress import ProgressFn
@@ -284,7 +286,11 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
             model.config.num_labels = len(heads)
         drop_printer(trainer)
         attach_logs(trainer, logs, stage, "reward")
-        result = trainer.train()
+        # Frozen lower blocks: their features are computed once per sequence, not once per step.
+        cache = FrozenFeatureCache(model, trained["trained_blocks"]) \
+            if trained["trained_blocks"] < trained["blocks"] else nullcontext()
+        with cache:
+            result = trainer.train()
     model = trainer.model.eval()
     outcome = _criteria_outcome(model, tokenizer, heads, left_out, crit_train, crit_eval, criteria) if heads else None
     # Training accuracy as TRL logged it over the last epoch's steps: scoring every training pair
@@ -295,6 +301,7 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
     metrics = {
         "train_pairs": len(train_rows), "rated_pairs": len(rated), "eval_pairs": len(eval_rows),
         "steps": result.global_step, **trained,
+        **({"feature_cache": cache.stats()} if isinstance(cache, FrozenFeatureCache) else {}),
         "train_loss": round(result.training_loss, 4), "weighted": weights is not None,
         "train_accuracy": (round(sum(logged) / len(logged), 4) if logged
                            else pairwise_accuracy(model, tokenizer, train_rows)),
