@@ -261,8 +261,13 @@ class _Batcher:
     def _sample(self, logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:
         """Next token of every row, each with its own settings: the same warpers as
         ``model.generate`` (temperature, top-k, top-p) and multinomial sampling, or argmax. A row
-        with a seed samples alone, from its own generator."""
+        with a seed samples alone, from its own generator. A row's first token is never its end
+        (EOS, end of turn), as ``min_new_tokens=1`` in ``model.generate``: an empty answer helps
+        nobody, and the embedded model began 1 answer in 60 with its end."""
         scores = logits.float()
+        for i, row in enumerate(rows):
+            if not row.ids and row.ends:
+                scores[i, [t for t in row.ends if t < scores.shape[-1]]] = float("-inf")
         groups: dict[tuple, list[int]] = {}
         for i, row in enumerate(rows):
             s = row.settings

@@ -336,8 +336,7 @@ def compare(conversation_id: int):
     data = json_body({"content", "parent_id", "message_id"})
     user = current_visitor()
     conv = own_conversation(conversation_id, user)
-    (route_a, model_a), (route_b, model_b) = (serve(route) for route in _compare_routes(user))
-    created = False
+    user_msg = content = parent = None
     if "message_id" in data:  # compare two new answers to a question already asked
         user_msg = own_message(optional_id(data, "message_id") or 0, user)
         if user_msg.conversation_id != conv.id or user_msg.role != "user":
@@ -345,8 +344,11 @@ def compare(conversation_id: int):
     else:
         content = message_content(data)
         parent = resolve_parent(conv, data)
+    # the arm is assigned (and stored) only for a request that is going to be answered
+    (route_a, model_a), (route_b, model_b) = (serve(route) for route in _compare_routes(user))
+    created = user_msg is None
+    if user_msg is None:
         user_msg = add_question(conv, content, parent)
-        created = True
     messages = history(user_msg)
     settings = generation_settings()
     user_msg_id = user_msg.id
