@@ -346,9 +346,7 @@ def compare(conversation_id: int):
         parent = resolve_parent(conv, data)
     # the arm is assigned (and stored) only for a request that is going to be answered
     (route_a, model_a), (route_b, model_b) = (serve(route) for route in _compare_routes(user))
-    created = user_msg is None
-    if user_msg is None:
-        user_msg = add_question(conv, content, parent)
+    created, user_msg = user_msg is None, user_msg or add_question(conv, content, parent)
     messages = history(user_msg)
     settings = generation_settings()
     user_msg_id = user_msg.id
