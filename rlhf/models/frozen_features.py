@@ -72,7 +72,7 @@ class FrozenFeatureCache:
         rows = []
         for i, (key, n) in enumerate(zip(keys, lengths)):
             feats = fresh[i][:n] if i in fresh else self.cache[key]
-            if i in fresh and self.bytes < self.max_bytes:
+            if i in fresh and key not in self.cache and self.bytes < self.max_bytes:  # a row twice in a batch: once
                 self.cache[key] = feats.clone()
                 self.bytes += feats.numel() * feats.element_size()
             rows.append(feats)
