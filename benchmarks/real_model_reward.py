@@ -74,6 +74,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # with the frozen blocks' features cached (rlhf.models.frozen_features) a step of these is cheap: more steps
     "head_1e-3_200": {"trainable_layers": 0, "learning_rate": 1e-3, "min_steps": 200},
     "top2_1e-4_120": {"trainable_layers": 2, "learning_rate": 1e-4, "min_steps": 120},
+    # cheaper ways to the same place: a higher learning rate for fewer steps, half the pairs per step
+    "top2_3e-4_60": {"trainable_layers": 2, "learning_rate": 3e-4, "min_steps": 60},
+    "top2_1e-4_120_b8": {"trainable_layers": 2, "learning_rate": 1e-4, "min_steps": 120, "batch_size": 8},
+    "top1_3e-4_60": {"trainable_layers": 1, "learning_rate": 3e-4, "min_steps": 60},
 }
 
 

@@ -22,6 +22,7 @@ from rlhf.policy.algorithms import check_settings
 from rlhf.progress import ProgressFn
 from rlhf.training import distributed
 from rlhf.training.curves import CurvesFile, TrainingLogs
+from rlhf.training.model_size import parameter_count, sized_to_model
 from rlhf.trust import RaterInfo
 from webapp.core.extensions import db
 from webapp.core.instance_paths import resolve, to_stored
@@ -63,6 +64,22 @@ def cycle_settings(algorithm: str | None = None, max_steps: int | None = None, l
         return check_settings(settings)
     except ValueError as exc:
         raise RunRefused(f"invalid setting: {exc}") from None
+
+
+def _sized_to_parent(settings: CycleSettings, parent: str | Path, lora: bool | None) -> tuple[CycleSettings, list[str]]:
+    """``settings`` for the parent's size (rlhf.training.model_size: a 100 M-parameter model trains its
+    reward model's top blocks and LoRA adapters for PPO), keeping every training setting the operator
+    set (settings file, environment, ``rl-train --lora``)."""
+    sources = current_app.config.get("RLHF_SETTING_SOURCES", {})
+    explicit = {name.removeprefix("training.") for name in sources if name.startswith("training.")}
+    if lora is not None:
+        explicit.add("policy.lora")
+    sized, notes = sized_to_model(settings, parameter_count(parent), explicit)
+    try:
+        return check_settings(sized), notes
+    except ValueError as exc:
+        raise RunRefused(f"invalid setting: {exc} (with the settings for the model's size: {'; '.join(notes)})") \
+            from None
 
 
 def tensorboard_available() -> bool:
@@ -159,6 +176,7 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
         events = feedback_event_count()
         if events < min_feedback:
             raise RunRefused(f"not enough feedback yet: {events} feedback events, need at least {min_feedback}")
+        settings, size_notes = _sized_to_parent(settings, parent.location, lora)
         records = feedback_records()
         try:
             # the data stage, once, before any run exists (NotEnoughData refuses the run): every rater's
@@ -187,6 +205,8 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
         if recovered:
             tracker.log(f"recovered stale runs {recovered}: marked failed")
         tracker.log(f"parent {parent_name}; {events} feedback events; algorithm {algorithm}")
+        for note in size_notes:
+            tracker.log(f"sized to the model: {note}")
         if distributed.is_distributed():
             tracker.log(f"training on {distributed.world_size()} processes (data parallel); "
                         "this one (rank 0) records the run and runs the gate")

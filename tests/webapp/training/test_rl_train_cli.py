@@ -299,3 +299,29 @@ def test_the_data_stage_runs_once_and_its_outcome_is_handed_on(instance, micro_m
         assert run.config["reward"] == json.loads(json.dumps(prepared.settings.to_dict()["reward"]))
         assert {k: v for k, v in run.feedback_counts.items() if k != "events"} == \
             json.loads(json.dumps(prepared.bundle.counts))
+
+
+def test_a_large_parent_trains_with_the_large_model_settings_except_the_operators(instance, monkeypatch):
+    """rl-train sizes its settings to the parent (rlhf.training.model_size); the threshold is lowered
+    so the micro model counts as large. What the operator set (here RLHF_PPO_EPISODES and
+    RLHF_POLICY_LR in the environment, and the reward model's learning rate) stays theirs."""
+    from rlhf.training import model_size
+
+    monkeypatch.setattr(model_size, "LARGE_PARAMETERS", 1)
+    monkeypatch.setenv("RLHF_TRAINING_REWARD_LEARNING_RATE", "2e-3")
+    seed_feedback(make_app(instance), 40)
+    result = cli("rl-train", "--min-feedback", "10", "--json")
+    assert result.exit_code in (0, 3), result.output
+    out = json.loads(result.stdout)
+    with make_app(instance).app_context():
+        run = db.session.get(TrainingRun, out["run_id"])
+        config, log = run.config, run.log
+    assert config["reward"]["trainable_layers"] == 2 and config["reward"]["min_steps"] == 120
+    assert config["policy"]["lora"] is True and config["policy"]["response_length"] == 128
+    assert config["policy"]["missing_eos_penalty"] == 0.0
+    # the operator's settings
+    assert config["reward"]["learning_rate"] == 2e-3
+    assert config["policy"]["episodes"] == 32 and config["policy"]["learning_rate"] == 1e-3
+    assert "sized to the model: a model of" in log and "reward.trainable_layers=2" in log
+    assert "reward.learning_rate" not in log.split("sized to the model:")[1].splitlines()[0]
+    assert out["policy"]["lora"] is True and out["reward_model"]["steps"] >= 120

@@ -1,0 +1,100 @@
+"""Training settings picked by the size of the model being trained.
+
+The defaults in rlhf.settings were tuned on the embedded 1 M-parameter model, where training every
+weight for a few dozen steps is cheap and right. On a pretrained 100 M+ model they are neither: every
+weight of SmolLM2-135M-Instruct's reward model trained for 26 minutes on 2 cores and ranked 0.42 of its
+held-out pairs right, and PPO at the defaults took 16.5 GB and over 6 minutes a batch. A model of at
+least :data:`LARGE_PARAMETERS` parameters therefore gets the settings of :data:`LARGE` instead of the
+defaults, for every setting the operator did not set (benchmarks/RESULTS.md, "A real chat model's
+reward stage" and "A real chat model's cycle", has the measurements behind each value).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from rlhf.models.adapters import base_of, is_adapter
+from rlhf.settings import CycleSettings
+
+# the embedded model has about 1 M parameters, SmolLM2-135M-Instruct 134.5 M: anything from here up is "large"
+LARGE_PARAMETERS = 50_000_000
+
+# dotted setting -> value for large models (the reason is in benchmarks/RESULTS.md)
+LARGE: dict[str, Any] = {
+    # the top 2 of SmolLM2's 30 blocks at 1e-4 for 120 steps: held-out 1.00 / 0.91, AUC on unrated answers
+    # 0.97 / 0.93 in ~8 min; the head alone 0.58-0.70 however long, every weight 0.42 in 26 min
+    "reward.trainable_layers": 2,
+    "reward.learning_rate": 1e-4,
+    "reward.min_steps": 120,
+    # PPO trains LoRA adapters (policy and critic) on few, short rollouts: a batch costs about a minute
+    "policy.lora": True,
+    "policy.learning_rate": 1e-4,
+    "policy.batch_size": 8,
+    "policy.mini_batches": 2,
+    "policy.ppo_epochs": 2,
+    "policy.episodes": 48,
+    "policy.response_length": 128,
+    # a pretrained model's answers outgrow any affordable rollout length (SmolLM2 ends on its own within
+    # 256 tokens 11 % of the time): a penalty for not ending would teach brevity, whatever the users like
+    "policy.missing_eos_penalty": 0.0,
+    "evaluation.max_new_tokens": 128,
+    "evaluation.max_prompts": 24,
+}
+
+
+def parameter_count(model_dir: str | Path) -> int | None:
+    """The parameters stored in a model folder, from its safetensors headers (no weights are read;
+    an adapter folder counts its base's), or None when the folder has no safetensors file."""
+    folder = Path(model_dir)
+    if is_adapter(folder):
+        base = base_of(folder)
+        return parameter_count(base) if base.is_dir() and not is_adapter(base) else None
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for path in files:
+        with path.open("rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(size))
+        for name, info in header.items():
+            if name != "__metadata__":
+                count = 1
+                for dim in info["shape"]:
+                    count *= dim
+                total += count
+    return total
+
+
+def _with(settings: Any, dotted: str, value: Any) -> Any:
+    head, _, rest = dotted.partition(".")
+    inner = getattr(settings, head)
+    return dataclasses.replace(settings, **{head: _with(inner, rest, value) if rest else value})
+
+
+def _get(settings: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        settings = getattr(settings, part)
+    return settings
+
+
+def sized_to_model(settings: CycleSettings, parameters: int | None,
+                   explicit: Iterable[str] = ()) -> tuple[CycleSettings, list[str]]:
+    """``settings`` with :data:`LARGE`'s values for a model of at least :data:`LARGE_PARAMETERS`
+    parameters, except the settings in ``explicit`` (dotted names, e.g. ``reward.learning_rate``: what
+    the operator set), and a note saying what changed. A smaller or unknown model keeps ``settings``."""
+    if parameters is None or parameters < LARGE_PARAMETERS:
+        return settings, []
+    kept = set(explicit)
+    changed = []
+    for name, value in LARGE.items():
+        if name in kept or _get(settings, name) == value:
+            continue
+        settings = _with(settings, name, value)
+        changed.append(f"{name}={value}")
+    if not changed:
+        return settings, []
+    return settings, [f"a model of {parameters / 1e6:.1f} M parameters trains with the large-model settings: "
+                      + ", ".join(changed)]

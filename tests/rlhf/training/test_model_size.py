@@ -1,0 +1,58 @@
+"""Training settings picked by the model's size (rlhf.training.model_size)."""
+from __future__ import annotations
+
+import dataclasses
+
+from transformers import AutoModelForCausalLM
+
+from rlhf.settings import CycleSettings
+from rlhf.training.model_size import LARGE, LARGE_PARAMETERS, parameter_count, sized_to_model
+
+SMOLLM2 = 134_515_584  # SmolLM2-135M-Instruct, as imported from its GGUF file
+
+
+def _get(settings, dotted):
+    for part in dotted.split("."):
+        settings = getattr(settings, part)
+    return settings
+
+
+def test_parameter_count_reads_the_stored_weights(micro_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(micro_model_dir)
+    assert parameter_count(micro_model_dir) == model.num_parameters()
+
+
+def test_parameter_count_of_a_folder_without_weights_is_unknown(tmp_path):
+    assert parameter_count(tmp_path) is None
+
+
+def test_a_small_model_keeps_the_defaults():
+    settings = CycleSettings()
+    for parameters in (1_043_072, LARGE_PARAMETERS - 1, None):
+        assert sized_to_model(settings, parameters) == (settings, [])
+
+
+def test_a_large_model_gets_the_large_settings():
+    sized, notes = sized_to_model(CycleSettings(), SMOLLM2)
+    for name, value in LARGE.items():
+        assert _get(sized, name) == value, name
+    assert sized.reward.trainable_layers == 2 and sized.policy.lora
+    assert len(notes) == 1 and "134.5 M parameters" in notes[0] and "reward.trainable_layers=2" in notes[0]
+    # what the profile does not name stays as it was
+    assert sized.gate == CycleSettings().gate and sized.reward.batch_size == CycleSettings().reward.batch_size
+    sized.validate()
+
+
+def test_what_the_operator_set_is_kept():
+    mine = CycleSettings()
+    mine = dataclasses.replace(mine, reward=dataclasses.replace(mine.reward, learning_rate=3e-5),
+                               policy=dataclasses.replace(mine.policy, lora=False))
+    sized, notes = sized_to_model(mine, SMOLLM2, explicit={"reward.learning_rate", "policy.lora"})
+    assert sized.reward.learning_rate == 3e-5 and sized.policy.lora is False
+    assert sized.reward.trainable_layers == 2
+    assert "reward.learning_rate" not in notes[0] and "policy.lora" not in notes[0]
+
+
+def test_settings_already_at_the_large_values_say_nothing():
+    sized, _ = sized_to_model(CycleSettings(), SMOLLM2)
+    assert sized_to_model(sized, SMOLLM2) == (sized, [])
