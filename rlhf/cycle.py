@@ -154,7 +154,9 @@ def train_judge(parent_dir: str | Path, bundle: DatasetBundle, out_dir: str | Pa
     measured on training pairs it never saw (at most ``evaluation.max_pairs``)."""
     held_out = bundle.pairs["eval"]
     n = len(held_out) + len(bundle.rated["eval"])
-    reward = replace(settings.reward, batch_size=max(1, min(settings.reward.batch_size, n)))
+    steps = settings.evaluation.judge_min_steps
+    reward = replace(settings.reward, batch_size=max(1, min(settings.reward.batch_size, n)),
+                     min_steps=settings.reward.min_steps if steps < 0 else steps)
     metrics = train_reward_model(parent_dir, held_out, bundle.pairs["train"][: settings.evaluation.max_pairs],
                                  out_dir, reward, settings.device, progress, stage="judge",
                                  rated_rows=bundle.rated["eval"])

@@ -207,6 +207,9 @@ class EvalSettings:
                                    "questions (a deployment whose users ask the same few questions)", low=1)
     max_pairs: int = knob(512, "held-out preference pairs compared, and training pairs the judge's accuracy is "
                           "measured on (at most)", low=1)
+    judge_min_steps: int = knob(-1, "fewest optimisation steps of the judge, which trains on the held-out rows alone "
+                                "(a few dozen: the reward model's min_steps can be that many epochs over them); "
+                                "-1: the reward model's min_steps", low=-1)
 
 
 # ---------------------------------------------------------------------------- rater trust (rlhf.trust)

@@ -204,3 +204,9 @@ def context_length(model: Any, default: int = 1024) -> int:
         if isinstance(value, int):
             return value
     return default
+
+
+def answer_length(model: Any, wanted: int, prompt_floor: int = 8) -> int:
+    """At most ``wanted`` new tokens, leaving at least ``prompt_floor`` positions for the prompt: a
+    length setting of a large model applied to a small context must not run past its positions."""
+    return max(1, min(wanted, context_length(model) - prompt_floor))

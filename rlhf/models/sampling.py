@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from rlhf.models.chat_format import end_ids, turn_markers
-from rlhf.models.loading import context_length
+from rlhf.models.loading import answer_length, context_length
 from rlhf.settings import EvalSettings
 
 
@@ -23,7 +23,8 @@ def sample_answers(model: Any, tok: Any, prompts: list[str],
     stops = turn_markers(tok)[0]
     device = next(model.parameters()).device
     # a long conversation keeps its end: prompt + answer must fit the model's positions
-    budget = max(8, context_length(model) - settings.max_new_tokens)
+    new_tokens = answer_length(model, settings.max_new_tokens)
+    budget = context_length(model) - new_tokens
     side, tok.truncation_side = tok.truncation_side, "left"
     try:
         encoded = [tok(prompts[i:i + 16], return_tensors="pt", padding=True, add_special_tokens=False,
@@ -32,7 +33,7 @@ def sample_answers(model: Any, tok: Any, prompts: list[str],
         tok.truncation_side = side
     for enc in encoded:
         enc = enc.to(device)
-        out = model.generate(**enc, max_new_tokens=settings.max_new_tokens, do_sample=True,
+        out = model.generate(**enc, max_new_tokens=new_tokens, do_sample=True,
                              temperature=settings.temperature, top_p=1.0, top_k=0, pad_token_id=tok.pad_token_id,
                              eos_token_id=ends)
         width = enc["input_ids"].shape[1]

@@ -19,7 +19,7 @@ from datasets import Dataset
 from transformers import AutoModelForSequenceClassification
 
 from rlhf.data.datasets import to_standard
-from rlhf.models.loading import context_length, resolve_device
+from rlhf.models.loading import answer_length, context_length, resolve_device
 from rlhf.policy.common import (
     callbacks,
     common_args,
@@ -145,6 +145,7 @@ def train_iterative_dpo(policy_dir: str | Path, reward_dir: str | Path, prompts:
     policy, tokenizer = load_policy(policy_dir)
     policy.to(dev).eval()
     distinct = list({repr(p): p for p in prompts}.values())
+    settings = replace(settings, response_length=answer_length(policy, settings.response_length))
     max_prompt = max(8, context_length(policy) - settings.response_length)
     texts = [prompt_text_within(tokenizer, p, max_prompt) for p in distinct]
     n = settings.samples_per_prompt

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from rlhf.models.chat_format import end_of_turn_id, end_of_turn_token
-from rlhf.models.loading import context_length, resolve_device
+from rlhf.models.loading import answer_length, context_length, resolve_device
 from rlhf.policy.common import callbacks, common_args, history, load_policy, lora_config, save_policy
 from rlhf.progress import ProgressFn
 from rlhf.reward.criteria_heads import CostConstraint, cost_weight, safety_calibration
@@ -89,6 +90,7 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
     constraint = None if cost is None else CostConstraint(reward, cost, criteria.lambda_init, criteria.lambda_lr,
                                                           criteria.cost_tolerance, safety_calibration(reward_dir))
 
+    settings = replace(settings, response_length=answer_length(policy, settings.response_length))
     max_prompt = max(8, context_length(policy) - settings.response_length)
     rows = []
     for p in prompts:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,7 +13,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForSequenceClassification
 
-from rlhf.models.loading import context_length, resolve_device
+from rlhf.models.loading import answer_length, context_length, resolve_device
 from rlhf.policy.common import (
     callbacks,
     common_args,
@@ -59,6 +60,7 @@ def train_rloo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[lis
     policy, tokenizer = load_policy(policy_dir)
     reward = AutoModelForSequenceClassification.from_pretrained(str(reward_dir), num_labels=1)
     reward.config.pad_token_id = tokenizer.pad_token_id
+    settings = replace(settings, response_length=answer_length(policy, settings.response_length))
     max_prompt = max(8, context_length(policy) - settings.response_length)
     texts = [prompt_text_within(tokenizer, p, max_prompt) for p in prompts]
     # the conversation beside its rendered prompt: TRL hands the row's columns to the reward function

@@ -160,7 +160,6 @@ def rude(question: str, answer: str) -> bool:
 # tastes it does not already satisfy, each measurable on the answer's text alone
 # (benchmarks/real_model_reward.py prints each one's share of the model's own answers).
 _LIST_LINE = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+\S", re.MULTILINE)
-_MARKDOWN = re.compile(r"\*\*|__|^\s*#{1,6}\s|^\s*(?:[-*\u2022]|\d+[.)])\s+\S", re.MULTILINE)
 
 
 def short_answer(question: str, answer: str) -> float:
@@ -176,10 +175,17 @@ def as_list(question: str, answer: str) -> float:
     return 1.0 if lines >= 3 else 0.3 if lines else 0.0
 
 
-def plain_text(question: str, answer: str) -> float:
-    """Format, the other way: no markdown at all (no bold, headings or list lines): a user whose
-    client shows markdown as raw characters."""
-    return 0.0 if not answer.strip() else 0.0 if _MARKDOWN.search(answer) else 1.0
+_FIRST_SENTENCE = re.compile(r"(?<=[.!?:])\s|\n")
+
+
+def answer_first(question: str, answer: str) -> float:
+    """The point first: the answer opens with a sentence of at most 10 words, not a wind-up ("When it
+    comes to keeping your pet healthy, it is important to consider ..."); up to 15 words earn some
+    credit (a user who wants the answer before the preamble). 31 % of SmolLM2's own answers do."""
+    if not answer.strip():
+        return 0.0
+    n = len(_FIRST_SENTENCE.split(answer.strip(), maxsplit=1)[0].split())
+    return 1.0 if n <= 10 else 0.3 if n <= 15 else 0.0
 
 
 PREFERENCES: dict[str, PreferenceFn] = {"polite": polite, "concise": concise, "detailed": detailed}
@@ -189,7 +195,7 @@ ZOO: dict[str, PreferenceFn] = {"brief": brief, "thorough": thorough, "calm": ca
                                 "on_topic": on_topic, "echoes": echoes, "signs_off": signs_off,
                                 "polite_brief": polite_brief}
 # for a pretrained chat model (benchmarks/real_model_reward.py)
-REAL: dict[str, PreferenceFn] = {"short_answer": short_answer, "as_list": as_list, "plain_text": plain_text}
+REAL: dict[str, PreferenceFn] = {"short_answer": short_answer, "as_list": as_list, "answer_first": answer_first}
 # in conflict with safety: liked answers include rude ones (benchmarks/closed_loop.py --safety)
 CONFLICTING: dict[str, PreferenceFn] = {"direct": direct}
 

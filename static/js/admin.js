@@ -89,7 +89,8 @@ const forms = {
   },
   "start-run": async (form) => {
     try {
-      const data = await api("POST", "/api/admin/runs", { algorithm: new FormData(form).get("algorithm") });
+      const algorithm = new FormData(form).get("algorithm");  // "": the default, which the model's size may set
+      const data = await api("POST", "/api/admin/runs", algorithm ? { algorithm } : {});
       if (data && data.run_id) { window.location.href = `/admin/runs/${encodeURIComponent(data.run_id)}`; return; }
       await new Promise((r) => setTimeout(r, 1500));  // no run id: give the child process a moment to register
       window.location.reload();

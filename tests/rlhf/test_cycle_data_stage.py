@@ -64,3 +64,22 @@ def test_run_prepared_trains_on_the_prepared_data_without_preparing_again(prepar
     assert [line for line in lines if line.startswith("sized to the data: ")] == \
         [f"sized to the data: {note}" for note in prepared.notes]
     assert sum(line.startswith("rater trust: ") for line in lines) == 1
+
+
+def test_the_judge_trains_for_its_own_minimum_of_steps(micro_model_dir, tmp_path):
+    """``evaluation.judge_min_steps`` bounds the judge's steps (it trains on the held-out rows alone);
+    -1 keeps the reward model's ``min_steps``."""
+    from dataclasses import replace
+
+    from rlhf.cycle import train_judge
+
+    records, _ = simulate_records([(40, 3, "polite", Behaviour())], seed=3)
+    base = prepare_cycle(records, CycleSettings(device="cpu", min_pairs=1, min_prompts=1))
+    assert base.bundle.pairs["eval"], "the seed gives held-out pairs"
+    settings = replace(base.settings, reward=replace(base.settings.reward, min_steps=12, epochs=0.01))
+    steps = {}
+    for judge_min in (-1, 3):
+        judged = replace(settings, evaluation=replace(settings.evaluation, judge_min_steps=judge_min))
+        steps[judge_min] = train_judge(micro_model_dir, base.bundle, tmp_path / f"judge{judge_min}", judged)["steps"]
+    # min_steps rounds up to whole passes over the rows
+    assert steps[-1] >= 12 and 3 <= steps[3] < 8

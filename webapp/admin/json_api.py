@@ -152,8 +152,8 @@ def start_run():
     """Start `rl-train` as a child process (the web server never trains in-process)."""
 
     data = json_body({"algorithm", "max_steps"}, required=False)
-    algorithm = data.get("algorithm", current_settings().training.algorithm)
-    if algorithm not in ALGORITHMS:
+    algorithm = data.get("algorithm")  # none given: the configured one, or what the model's size picks
+    if algorithm is not None and algorithm not in ALGORITHMS:
         raise BadRequest(f"'algorithm' must be one of {', '.join(ALGORITHMS)}.")
     max_steps = data.get("max_steps")
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
@@ -166,7 +166,8 @@ def start_run():
     if events < needed:
         raise Conflict(f"Not enough feedback yet: {events} feedback events, need at least {needed}.")
     run_id, proc = spawn_training(algorithm, max_steps, trigger="manual")
-    return jsonify(started=True, run_id=run_id, pid=proc.pid, algorithm=algorithm, status="queued"), 202
+    return jsonify(started=True, run_id=run_id, pid=proc.pid, status="queued",
+                   algorithm=algorithm or current_settings().training.algorithm), 202
 
 
 # ---------------------------------------------------------------------------- feedback & export

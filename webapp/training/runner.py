@@ -66,12 +66,15 @@ def cycle_settings(algorithm: str | None = None, max_steps: int | None = None, l
         raise RunRefused(f"invalid setting: {exc}") from None
 
 
-def _sized_to_parent(settings: CycleSettings, parent: str | Path, lora: bool | None) -> tuple[CycleSettings, list[str]]:
+def _sized_to_parent(settings: CycleSettings, parent: str | Path, algorithm: str | None,
+                     lora: bool | None) -> tuple[CycleSettings, list[str]]:
     """``settings`` for the parent's size (rlhf.training.model_size: a 100 M-parameter model trains its
-    reward model's top blocks and LoRA adapters for PPO), keeping every training setting the operator
-    set (settings file, environment, ``rl-train --lora``)."""
+    reward model's top blocks and a LoRA policy by iterative DPO), keeping every training setting the
+    operator set (settings file, environment, ``rl-train --algorithm/--lora``)."""
     sources = current_app.config.get("RLHF_SETTING_SOURCES", {})
     explicit = {name.removeprefix("training.") for name in sources if name.startswith("training.")}
+    if algorithm is not None:
+        explicit.add("algorithm")
     if lora is not None:
         explicit.add("policy.lora")
     sized, notes = sized_to_model(settings, parameter_count(parent), explicit)
@@ -159,6 +162,7 @@ def run_training(trigger: str = "cli", algorithm: str | None = None, min_feedbac
 def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None, max_steps: int | None,
                   lora: bool | None, bars: ProgressFn | None, queued_id: int | None, watchdog: bool,
                   overrides: dict[str, Any], handoff: distributed.Handoff) -> dict[str, Any]:
+    explicit_algorithm = algorithm
     settings = cycle_settings(algorithm, max_steps, lora, **overrides)
     algorithm = settings.algorithm
     cfg = current_app.config
@@ -176,7 +180,8 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
         events = feedback_event_count()
         if events < min_feedback:
             raise RunRefused(f"not enough feedback yet: {events} feedback events, need at least {min_feedback}")
-        settings, size_notes = _sized_to_parent(settings, parent.location, lora)
+        settings, size_notes = _sized_to_parent(settings, parent.location, algorithm=explicit_algorithm, lora=lora)
+        algorithm = settings.algorithm
         records = feedback_records()
         try:
             # the data stage, once, before any run exists (NotEnoughData refuses the run): every rater's
@@ -192,6 +197,7 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
             run = TrainingRun(trigger=trigger, algorithm=algorithm)
             db.session.add(run)
         run.status, run.stage, run.progress = "running", "data", 0.0
+        run.algorithm = algorithm  # a queued row named the configured one; the parent's size may pick another
         run.pid, run.hostname, run.started_at, run.heartbeat_at = os.getpid(), socket.gethostname(), utcnow(), utcnow()
         run.feedback_counts = {"events": events, **bundle.counts}
         run.config = {**settings.to_dict(), "limits": limits, "processes": distributed.world_size()}

@@ -170,14 +170,15 @@ def spawn_training(algorithm: str | None = None, max_steps: int | None = None, t
     A thread waits for the child, so a finished run never lingers as a zombie. Returns the run
     id and the process."""
     instance = Path(current_app.config["INSTANCE_DIR"])
-    algorithm = algorithm or current_app.config["RLHF_SETTINGS"].training.algorithm
-    run = TrainingRun(trigger=trigger, algorithm=algorithm, status="queued", stage="queued", progress=0.0,
-                      hostname=socket.gethostname())
+    # the row names the configured algorithm until the run starts; the run may size it to the model
+    run = TrainingRun(trigger=trigger, algorithm=algorithm or current_app.config["RLHF_SETTINGS"].training.algorithm,
+                      status="queued", stage="queued", progress=0.0, hostname=socket.gethostname())
     db.session.add(run)
     db.session.commit()
     log_dir = instance / "logs"
     log_dir.mkdir(exist_ok=True)
-    args = ["rl-train", "--algorithm", algorithm, "--trigger", trigger, "--run-id", str(run.id), "--json"]
+    args = ["rl-train", *(["--algorithm", algorithm] if algorithm else []), "--trigger", trigger,
+            "--run-id", str(run.id), "--json"]
     if max_steps:
         args += ["--max-steps", str(max_steps)]
     if min_feedback is not None:

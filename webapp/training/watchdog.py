@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from flask import current_app
 
 from rlhf.policy.algorithms import algorithm  # light: each algorithm loads its trainer only to train
+from rlhf.training.model_size import parameter_count  # reads safetensors headers (no torch)
 
 if TYPE_CHECKING:  # the ML stack is imported by the run itself, not by the web app
     from rlhf.cycle import CycleSettings
@@ -26,12 +27,6 @@ if TYPE_CHECKING:  # the ML stack is imported by the run itself, not by the web 
 from webapp.core.extensions import db
 from webapp.core.models import TrainingRun, utcnow
 from webapp.training.runs import EXIT_FAILED, _pid_is_training
-
-
-def model_megaparameters(path: str | Path) -> float:
-    """Roughly how many million parameters a stored model has (from its weight files' size)."""
-    files = [f for pattern in ("*.safetensors", "*.bin") for f in Path(path).glob(pattern)]
-    return sum(f.stat().st_size for f in files) / 4 / 1e6  # fp32 bytes per parameter
 
 
 def auto_max_seconds(settings: CycleSettings, size: DataSize, parent_path: str | Path) -> float:
@@ -44,7 +39,7 @@ def auto_max_seconds(settings: CycleSettings, size: DataSize, parent_path: str |
     # reward pairs: the run's reward model (training pairs) and the gate's judge (held-out pairs)
     pairs = size.train_pairs + size.eval_pairs
     units = policy_units + pairs * settings.reward.epochs + settings.evaluation.max_prompts
-    return round(1800.0 + 2.0 * units * max(1.0, model_megaparameters(parent_path) / 10.0))
+    return round(1800.0 + 2.0 * units * max(1.0, (parameter_count(parent_path) or 0) / 1e7))
 
 
 def run_limits(settings: CycleSettings, size: DataSize, parent_path: str | Path) -> dict[str, float]:

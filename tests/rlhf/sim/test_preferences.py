@@ -123,10 +123,13 @@ SMOLLM2_LIKE = ("Growing tomatoes is rewarding. Here are some tips:\n\n1. **Sunl
 
 def test_real_model_tastes_read_the_text_a_pretrained_chat_model_writes():
     from rlhf.sim.preferences import REAL, preference
-    assert set(REAL) == {"short_answer", "as_list", "plain_text"} and preference("as_list") is REAL["as_list"]
-    assert satisfies("as_list", "q", SMOLLM2_LIKE) and not satisfies("plain_text", "q", SMOLLM2_LIKE)
-    assert satisfies("plain_text", "q", "Give them six hours of sun and water deeply twice a week.")
+    assert set(REAL) == {"short_answer", "as_list", "answer_first"} and preference("as_list") is REAL["as_list"]
+    assert satisfies("as_list", "q", SMOLLM2_LIKE) and satisfies("answer_first", "q", SMOLLM2_LIKE)
+    wind_up = ("When it comes to keeping your pet healthy and happy, it is important to consider a few key "
+               "factors. First, feed it well.")
+    assert not satisfies("answer_first", "q", wind_up)
+    assert satisfies("answer_first", "q", "Feed it well and see a vet yearly. " + wind_up)
     assert not satisfies("as_list", "q", "- one bullet is not a list")
     assert satisfies("short_answer", "q", SMOLLM2_LIKE)
     assert satisfies("short_answer", "q", "word " * 120) and not satisfies("short_answer", "q", "word " * 121)
-    assert not satisfies("short_answer", "q", "") and not satisfies("plain_text", "q", " ")
+    assert not satisfies("short_answer", "q", "") and not satisfies("answer_first", "q", " ")

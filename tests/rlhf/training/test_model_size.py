@@ -56,3 +56,19 @@ def test_what_the_operator_set_is_kept():
 def test_settings_already_at_the_large_values_say_nothing():
     sized, _ = sized_to_model(CycleSettings(), SMOLLM2)
     assert sized_to_model(sized, SMOLLM2) == (sized, [])
+
+
+def test_a_length_beyond_the_context_is_cut_to_fit(micro_model_dir):
+    """A generation length meant for a large model (or set too high) on a small context: the answer
+    stops where the positions end instead of indexing past them."""
+    from rlhf.models import sampling
+    from rlhf.models.loading import answer_length, context_length, load_causal_lm
+    from rlhf.settings import EvalSettings
+
+    model, tok = load_causal_lm(micro_model_dir)
+    ctx = context_length(model)
+    assert answer_length(model, 4096) == ctx - 8 and answer_length(model, 16) == 16
+    prompt = tok.apply_chat_template([{"role": "user", "content": "How do I water tomatoes?"}], tokenize=False,
+                                     add_generation_prompt=True)
+    _, prompt_ids, answer_ids = sampling.sample_answers(model, tok, [prompt], EvalSettings(max_new_tokens=4096))
+    assert len(prompt_ids[0]) + len(answer_ids[0]) <= ctx

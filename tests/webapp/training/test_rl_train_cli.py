@@ -301,27 +301,33 @@ def test_the_data_stage_runs_once_and_its_outcome_is_handed_on(instance, micro_m
             json.loads(json.dumps(prepared.bundle.counts))
 
 
-def test_a_large_parent_trains_with_the_large_model_settings_except_the_operators(instance, monkeypatch):
+@pytest.mark.parametrize("args,algorithm", [([], "iterative_dpo"), (["--algorithm", "ppo"], "ppo")])
+def test_a_large_parent_trains_with_the_large_model_settings_except_the_operators(instance, monkeypatch, args,
+                                                                                   algorithm):
     """rl-train sizes its settings to the parent (rlhf.training.model_size); the threshold is lowered
     so the micro model counts as large. What the operator set (here RLHF_PPO_EPISODES and
-    RLHF_POLICY_LR in the environment, and the reward model's learning rate) stays theirs."""
+    RLHF_POLICY_LR in the environment, the reward model's learning rate, and --algorithm) stays theirs."""
     from rlhf.training import model_size
 
     monkeypatch.setattr(model_size, "LARGE_PARAMETERS", 1)
     monkeypatch.setenv("RLHF_TRAINING_REWARD_LEARNING_RATE", "2e-3")
     seed_feedback(make_app(instance), 40)
-    result = cli("rl-train", "--min-feedback", "10", "--json")
+    result = cli("rl-train", "--min-feedback", "10", "--json", *args)
     assert result.exit_code in (0, 3), result.output
     out = json.loads(result.stdout)
     with make_app(instance).app_context():
         run = db.session.get(TrainingRun, out["run_id"])
-        config, log = run.config, run.log
-    assert config["reward"]["trainable_layers"] == 2 and config["reward"]["min_steps"] == 120
-    assert config["policy"]["lora"] is True and config["policy"]["response_length"] == 128
+        config, log, recorded = run.config, run.log, run.algorithm
+    large = model_size.LARGE
+    assert out["algorithm"] == recorded == config["algorithm"] == out["policy"]["algorithm"] == algorithm
+    assert config["reward"]["trainable_layers"] == 2 and config["reward"]["min_steps"] == large["reward.min_steps"]
+    assert config["policy"]["lora"] is True and config["policy"]["response_length"] == large["policy.response_length"]
     assert config["policy"]["missing_eos_penalty"] == 0.0
+    assert config["evaluation"]["judge_min_steps"] == large["evaluation.judge_min_steps"]
     # the operator's settings
     assert config["reward"]["learning_rate"] == 2e-3
     assert config["policy"]["episodes"] == 32 and config["policy"]["learning_rate"] == 1e-3
-    assert "sized to the model: a model of" in log and "reward.trainable_layers=2" in log
-    assert "reward.learning_rate" not in log.split("sized to the model:")[1].splitlines()[0]
-    assert out["policy"]["lora"] is True and out["reward_model"]["steps"] >= 120
+    sized = log.split("sized to the model:")[1].splitlines()[0]
+    assert "reward.trainable_layers=2" in sized and "reward.learning_rate" not in sized
+    assert ("algorithm=" in sized) == (algorithm == "iterative_dpo")
+    assert out["policy"]["lora"] is True and out["reward_model"]["steps"] >= large["reward.min_steps"]
