@@ -5,7 +5,7 @@ SmolLM2-135M-Instruct answers the deployment shape's 16 questions (the pool of
 ``benchmarks/real_model_reward.py``, cached); simulated users rate 12 of each question's answers by a
 taste of ``rlhf.sim.preferences.REAL`` until ``--events`` feedback events; then ``rlhf.cycle.run_cycle``
 runs every stage a run runs (data, reward model, policy, judge, gate) at the settings the product picks
-for a model of this size (``rlhf.training.model_size``), with a *variant*'s changes on top. Each run
+for a model of this size (``rlhf.models.size_settings``), with a *variant*'s changes on top. Each run
 writes one JSON row:
 
 - ``timings``/``peak_rss_mb``: each stage's wall seconds and the process's peak memory after it;
@@ -47,11 +47,11 @@ from benchmarks.zoo_ablation import feedback  # noqa: E402
 from rlhf.cycle import run_cycle  # noqa: E402
 from rlhf.models import sampling  # noqa: E402
 from rlhf.models.loading import load_causal_lm  # noqa: E402
+from rlhf.models.size_settings import parameter_count, sized_to_model, with_setting  # noqa: E402
 from rlhf.settings import CycleSettings, EvalSettings  # noqa: E402
 from rlhf.sim import factual  # noqa: E402
 from rlhf.sim.preferences import REAL, preference  # noqa: E402
 from rlhf.sim.questions import deployment_questions  # noqa: E402
-from rlhf.training.model_size import _with, parameter_count, sized_to_model  # noqa: E402
 
 # name -> dotted settings on top of the size-aware ones ("large": the product's choice as it stands)
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -71,7 +71,7 @@ USERS_TOKENS = 256  # the movement is measured on answers as long as the ones us
 def settings_for(base: Path, variant: str) -> tuple[CycleSettings, list[str]]:
     settings, notes = sized_to_model(CycleSettings(device="cpu"), parameter_count(base))
     for name, value in VARIANTS[variant].items():
-        settings = _with(settings, name, value)
+        settings = with_setting(settings, name, value)
     return settings, notes
 
 

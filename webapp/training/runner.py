@@ -18,11 +18,11 @@ from rlhf.algorithms import ALGORITHMS
 from rlhf.cycle import CycleJob, CycleSettings, NotEnoughData, overall_progress, prepare_cycle, run_prepared
 from rlhf.data.stage_sizing import DataSize
 from rlhf.models import registry
+from rlhf.models.size_settings import parameter_count, sized_to_model
 from rlhf.policy.algorithms import check_settings
 from rlhf.progress import ProgressFn
 from rlhf.training import distributed
 from rlhf.training.curves import CurvesFile, TrainingLogs
-from rlhf.training.model_size import parameter_count, sized_to_model
 from rlhf.trust import RaterInfo
 from webapp.core.extensions import db
 from webapp.core.instance_paths import resolve, to_stored
@@ -68,7 +68,7 @@ def cycle_settings(algorithm: str | None = None, max_steps: int | None = None, l
 
 def _sized_to_parent(settings: CycleSettings, parent: str | Path, algorithm: str | None,
                      lora: bool | None) -> tuple[CycleSettings, list[str]]:
-    """``settings`` for the parent's size (rlhf.training.model_size: a 100 M-parameter model trains its
+    """``settings`` for the parent's size (rlhf.models.size_settings: a 100 M-parameter model trains its
     reward model's top blocks and a LoRA policy by iterative DPO), keeping every training setting the
     operator set (settings file, environment, ``rl-train --algorithm/--lora``)."""
     sources = current_app.config.get("RLHF_SETTING_SOURCES", {})

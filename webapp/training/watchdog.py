@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from flask import current_app
 
+from rlhf.models.size_settings import parameter_count  # reads safetensors headers (no torch)
 from rlhf.policy.algorithms import algorithm  # light: each algorithm loads its trainer only to train
-from rlhf.training.model_size import parameter_count  # reads safetensors headers (no torch)
 
 if TYPE_CHECKING:  # the ML stack is imported by the run itself, not by the web app
     from rlhf.cycle import CycleSettings

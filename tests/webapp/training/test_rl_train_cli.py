@@ -304,10 +304,10 @@ def test_the_data_stage_runs_once_and_its_outcome_is_handed_on(instance, micro_m
 @pytest.mark.parametrize("args,algorithm", [([], "iterative_dpo"), (["--algorithm", "ppo"], "ppo")])
 def test_a_large_parent_trains_with_the_large_model_settings_except_the_operators(instance, monkeypatch, args,
                                                                                    algorithm):
-    """rl-train sizes its settings to the parent (rlhf.training.model_size); the threshold is lowered
+    """rl-train sizes its settings to the parent (rlhf.models.size_settings); the threshold is lowered
     so the micro model counts as large. What the operator set (here RLHF_PPO_EPISODES and
     RLHF_POLICY_LR in the environment, the reward model's learning rate, and --algorithm) stays theirs."""
-    from rlhf.training import model_size
+    from rlhf.models import size_settings as model_size
 
     monkeypatch.setattr(model_size, "LARGE_PARAMETERS", 1)
     monkeypatch.setenv("RLHF_TRAINING_REWARD_LEARNING_RATE", "2e-3")

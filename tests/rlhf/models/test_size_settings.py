@@ -1,12 +1,12 @@
-"""Training settings picked by the model's size (rlhf.training.model_size)."""
+"""Training settings picked by the model's size (rlhf.models.size_settings)."""
 from __future__ import annotations
 
 import dataclasses
 
 from transformers import AutoModelForCausalLM
 
+from rlhf.models.size_settings import LARGE, LARGE_PARAMETERS, parameter_count, sized_to_model
 from rlhf.settings import CycleSettings
-from rlhf.training.model_size import LARGE, LARGE_PARAMETERS, parameter_count, sized_to_model
 
 SMOLLM2 = 134_515_584  # SmolLM2-135M-Instruct, as imported from its GGUF file
 

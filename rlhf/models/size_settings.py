@@ -77,10 +77,11 @@ def parameter_count(model_dir: str | Path) -> int | None:
     return total
 
 
-def _with(settings: Any, dotted: str, value: Any) -> Any:
+def with_setting(settings: Any, dotted: str, value: Any) -> Any:
+    """``settings`` (a dataclass of dataclasses) with the setting ``dotted`` (``reward.learning_rate``) set."""
     head, _, rest = dotted.partition(".")
     inner = getattr(settings, head)
-    return dataclasses.replace(settings, **{head: _with(inner, rest, value) if rest else value})
+    return dataclasses.replace(settings, **{head: with_setting(inner, rest, value) if rest else value})
 
 
 def _get(settings: Any, dotted: str) -> Any:
@@ -101,7 +102,7 @@ def sized_to_model(settings: CycleSettings, parameters: int | None,
     for name, value in LARGE.items():
         if name in kept or _get(settings, name) == value:
             continue
-        settings = _with(settings, name, value)
+        settings = with_setting(settings, name, value)
         changed.append(f"{name}={value}")
     if not changed:
         return settings, []
