@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -60,6 +61,7 @@ SAMPLES_PER_QUESTION = 8  # policy diagnosis: answers sampled per question from 
 ANSWER_TOKENS = 64  # the policy diagnosis' answer length (--max-new-tokens sets it with the server's limit)
 RUN_TIMEOUT_S = 1200  # longest wait for one training run (--run-timeout)
 EVAL_TIMEOUT_S = 900  # longest experiment (--eval-timeout)
+CYCLES_FILE: Path | None = None  # --cycles: each cycle's record appended as it completes (a run may outlast a session)
 
 
 def server_env() -> dict[str, str]:
@@ -201,6 +203,10 @@ def run_deployment(pref: str, model_dir: Path, n_questions: int = 16, via: str =
                     if e["decision"] == "promote" and better and won is None:
                         won = rec
             cycles.append(rec)
+            if CYCLES_FILE:
+                with CYCLES_FILE.open("a") as fh:
+                    fh.write(json.dumps({"preference": label or pref, "load": os.getloadavg(), **rec},
+                                        default=str) + "\n")
             print({k: rec.get(k) for k in ("cycle", "events", "decision", "rm_heldout_accuracy", "gate",
                                            "policy_movement", "experiment")}, flush=True)
             if won:
@@ -266,7 +272,7 @@ def _model(args: argparse.Namespace, embedded: Path) -> Path:
 
 def main() -> None:
     """closed_loop.py's command line and loop over preferences, each run on the deployment shape."""
-    global MAX_EVENTS, ANSWER_TOKENS, RUN_TIMEOUT_S, EVAL_TIMEOUT_S
+    global MAX_EVENTS, ANSWER_TOKENS, RUN_TIMEOUT_S, EVAL_TIMEOUT_S, CYCLES_FILE
     ap = loop.arguments(__doc__.splitlines()[0])
     ap.add_argument("--questions", type=_questions, default=16,
                     help="the rating users ask only this many fixed questions (1-48; default 16)")
@@ -276,8 +282,10 @@ def main() -> None:
                     "policy diagnosis' answer length")
     ap.add_argument("--run-timeout", type=int, default=RUN_TIMEOUT_S, help="seconds one training run may take")
     ap.add_argument("--eval-timeout", type=int, default=EVAL_TIMEOUT_S, help="seconds one experiment may take")
+    ap.add_argument("--cycles", type=Path, help="append each cycle's record to this JSON-lines file as it completes")
     args = ap.parse_known_args()[0]
     MAX_EVENTS, RUN_TIMEOUT_S, EVAL_TIMEOUT_S = args.max_events, args.run_timeout, args.eval_timeout
+    CYCLES_FILE = args.cycles
     extra = {}
     if args.max_new_tokens:
         ANSWER_TOKENS = args.max_new_tokens

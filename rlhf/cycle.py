@@ -123,19 +123,32 @@ def heldout_questions(bundle: DatasetBundle) -> int:
     return len(firsts)
 
 
-def evaluation_prompts(heldout: list, train: list, settings: CycleSettings) -> tuple[list, int, list[str]]:
+def judge_skipped(bundle: DatasetBundle, settings: CycleSettings) -> str | None:
+    """Why the cycle trains no judge (too few held-out pairs, or questions), or None to train one."""
+    pairs, questions = len(heldout_evidence(bundle)), heldout_questions(bundle)
+    if pairs < settings.gate.min_heldout_pairs:
+        return f"{pairs} held-out pairs, the gate needs at least {settings.gate.min_heldout_pairs}"
+    if questions < settings.evaluation.judge_min_questions:
+        return (f"the held-out pairs ask {questions} questions, a judge needs at least "
+                f"{settings.evaluation.judge_min_questions} (evaluation.judge_min_questions)")
+    return None
+
+
+def evaluation_prompts(heldout: list, train: list, settings: CycleSettings,
+                       judge: bool = True) -> tuple[list, int, list[str]]:
     """The prompts the gate samples, how many of the first ones the judge's gain is measured on, and
     notes. The judge scores only answers to held-out questions, the ones it learned from: a judge
     of three questions scoring the answers to thirteen others extrapolates (on a deployment of 16
     questions it passed a candidate that ground truth called worse, and called worse one that ground
     truth put 14 points ahead). With fewer than ``evaluation.min_judged_prompts`` held-out prompts
     each is asked again until there are that many, so the signed-rank test has the units to reach
-    a verdict about those questions; with fewer than ``min_prompts``, the training prompts join for
-    the KL and degeneration checks, which look at every answer."""
+    a verdict about those questions (not when no ``judge`` was trained); with fewer than
+    ``min_prompts``, the training prompts join for the KL and degeneration checks, which look at
+    every answer."""
     notes: list[str] = []
     heldout = heldout[: settings.evaluation.max_prompts]
     prompts = list(heldout)
-    if heldout and len(heldout) < settings.evaluation.min_judged_prompts:
+    if judge and heldout and len(heldout) < settings.evaluation.min_judged_prompts:
         times = -(-settings.evaluation.min_judged_prompts // len(heldout))
         prompts = [p for p in heldout for _ in range(times)]
         notes.append(f"{len(heldout)} held-out prompts, each asked {times} times for the judge")
@@ -287,15 +300,15 @@ def run_prepared(prepared: PreparedData, parent_dir: str | Path, reward_dir: str
     with tempfile.TemporaryDirectory(prefix=".judge-", dir=Path(policy_dir).parent) as scratch:
         judge_dir, judge_info = None, None
         report("judge", 0, 1)
-        if len(held_out) >= settings.gate.min_heldout_pairs:
+        skipped = judge_skipped(bundle, settings)
+        if skipped is None:
             judge_dir = Path(scratch) / "judge"
             judge_info = train_judge(parent_dir, bundle, judge_dir, settings, report)
             say(f"judge: reward model trained on {judge_info['trained_on_pairs']} held-out pairs "
                 f"({judge_info['questions']} questions), accuracy "
                 f"{judge_info['accuracy']} on {judge_info['accuracy_pairs']} training pairs it never saw")
         else:
-            say(f"judge: not trained: {len(held_out)} held-out pairs, the gate needs at least "
-                f"{settings.gate.min_heldout_pairs}")
+            say(f"judge: not trained: {skipped}")
         report("judge", 1, 1)
         timings["judge"] = time.perf_counter() - t0
         peaks["judge"] = peak()
@@ -305,7 +318,7 @@ def run_prepared(prepared: PreparedData, parent_dir: str | Path, reward_dir: str
 
         t0 = time.perf_counter()
         eval_prompts, judged, notes = evaluation_prompts([r["prompt"] for r in bundle.prompts["eval"]],
-                                                         train_prompts, settings)
+                                                         train_prompts, settings, judge=judge_dir is not None)
         for note in notes:
             say(f"evaluate: {note}")
         evaluation = evaluate_candidate(policy_dir, parent_dir, reward_dir, eval_prompts, settings.gate,

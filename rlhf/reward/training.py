@@ -272,6 +272,7 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
             lr_scheduler_type="linear", warmup_steps=max(1, steps_per_epoch // 4), weight_decay=0.0,
             logging_steps=logging_steps, save_strategy="no", report_to=report_to(logs), disable_tqdm=True,
             seed=settings.seed, data_seed=settings.seed, use_cpu=dev.type == "cpu", dataloader_num_workers=0,
+            gradient_checkpointing=False,  # as the policy's (rlhf.policy.common.common_args)
             **training_precision(dev))
         trainer = trainer_class(model=model, args=args, train_dataset=train_ds, processing_class=tokenizer,
                                 data_collator=None if weights is None and not heads else collator_class(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, jsonify, request
 from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
 from rlhf.algorithms import ALGORITHMS
@@ -30,6 +30,7 @@ from webapp.experiments.lifecycle import (
 from webapp.experiments.metrics import default_experiment, experiment_dict, experiment_metrics
 from webapp.training.curves import run_curves
 from webapp.training.jobs import training_in_progress
+from webapp.training.model_size import sized_setting
 from webapp.training.records import EXPORT_FORMATS, export_rows, feedback_event_count
 from webapp.training.runs import spawn_training
 
@@ -162,7 +163,7 @@ def start_run():
     if training_in_progress():  # the run's lock, not its row: a dead run's row must not block new runs
         raise Conflict("A training run is already in progress.")
     events = feedback_event_count()
-    needed = int(current_app.config["RLHF_RETRAIN_MIN_FEEDBACK"])
+    needed = int(sized_setting("retrain_min_feedback"))
     if events < needed:
         raise Conflict(f"Not enough feedback yet: {events} feedback events, need at least {needed}.")
     run_id, proc = spawn_training(algorithm, max_steps, trigger="manual")

@@ -37,10 +37,12 @@ def rl_train_command(algorithm: str | None, min_feedback: int | None, max_steps:
 
     from rlhf.models.embedded import torch_threads
     from rlhf.training import distributed
+    from webapp.training.model_size import sized_setting
     from webapp.training.runner import dumps, run_training
     from webapp.training.runs import EXIT_FAILED, EXIT_GATE_REJECTED, EXIT_REFUSED, RunRefused
 
-    threads = int(current_app.config["RLHF_TRAIN_THREADS"])  # leave cores to a web server on the same machine
+    # one thread leaves a core to a web server on the same machine; a large model's run takes every core
+    threads = int(sized_setting("train_threads"))
     if distributed.unsupported():
         click.echo(f"Error: {distributed.unsupported()}", err=True)
         sys.exit(EXIT_REFUSED)

@@ -33,6 +33,7 @@ from webapp.experiments.lifecycle import conclude_experiment, create_experiment
 from webapp.experiments.metrics import experiment_metrics
 from webapp.experiments.promotion import decide, policy_from_config
 from webapp.training import runs as training_runs
+from webapp.training.model_size import sized_setting
 from webapp.training.records import feedback_events
 from webapp.training.runs import (
     TRAINING_RUN,
@@ -97,7 +98,7 @@ def retrain_tick() -> dict[str, Any]:
     if who is not None:
         return {"action": "skip", "reason": describe_holder(who, patience), "held_by": _held_by(who)}
     events = new_feedback_events()
-    needed = int(current_app.config["RLHF_RETRAIN_MIN_FEEDBACK"])
+    needed = int(sized_setting("retrain_min_feedback"))
     if events < needed:
         return {"action": "skip", "reason": f"{events} of {needed} new feedback events since the last run",
                 "new_events": events, "needed": needed}

@@ -29,6 +29,7 @@ from webapp.core.instance_paths import resolve, to_stored
 from webapp.core.models import ModelVersion, TrainingRun, active_version, utcnow
 from webapp.core.raters import store_assessments
 from webapp.core.settings import current_settings
+from webapp.training.model_size import sized_setting
 from webapp.training.records import feedback_event_count, feedback_records, rater_infos
 from webapp.training.runs import (
     RunRefused,
@@ -166,7 +167,7 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
     settings = cycle_settings(algorithm, max_steps, lora, **overrides)
     algorithm = settings.algorithm
     cfg = current_app.config
-    min_feedback = int(cfg["RLHF_RETRAIN_MIN_FEEDBACK"] if min_feedback is None else min_feedback)
+    min_feedback = int(sized_setting("retrain_min_feedback") if min_feedback is None else min_feedback)
     if min_feedback < 0:
         raise RunRefused(f"invalid setting: --min-feedback must be >= 0 (got {min_feedback})")
 

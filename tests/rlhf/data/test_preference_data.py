@@ -207,6 +207,18 @@ def test_the_judge_scores_only_its_own_questions_asked_again_when_they_are_few()
     heldout = [r["prompt"] for r in many.prompts["eval"]]
     assert len(heldout) >= need and evaluation_prompts(heldout, [], settings) == (heldout, len(heldout), [])
 
+    # below evaluation.judge_min_questions no judge is trained, and the held-out prompts are asked once
+    from dataclasses import replace
+
+    from rlhf.cycle import judge_skipped
+    strict = replace(settings, evaluation=replace(settings.evaluation, judge_min_questions=4))
+    assert judge_skipped(few, settings) is None and judge_skipped(many, strict) is None
+    assert judge_skipped(few, strict) == ("the held-out pairs ask 3 questions, a judge needs at least 4 "
+                                          "(evaluation.judge_min_questions)")
+    heldout = [r["prompt"] for r in few.prompts["eval"]]
+    prompts, judged, notes = evaluation_prompts(heldout, train, strict, judge=False)
+    assert prompts == heldout + train and judged == len(heldout) and len(notes) == 1
+
 
 def chat(cid, turns, rater=None):
     """A multi-turn conversation: (question, answer, feedback) turns, each answer the next question's parent."""

@@ -324,6 +324,7 @@ def test_a_large_parent_trains_with_the_large_model_settings_except_the_operator
     assert config["policy"]["lora"] is True and config["policy"]["response_length"] == large["policy.response_length"]
     assert config["policy"]["missing_eos_penalty"] == 0.0
     assert config["evaluation"]["judge_min_steps"] == large["evaluation.judge_min_steps"]
+    assert config["evaluation"]["judge_min_questions"] == large["evaluation.judge_min_questions"]
     # the operator's settings
     assert config["reward"]["learning_rate"] == 2e-3
     assert config["policy"]["episodes"] == 32 and config["policy"]["learning_rate"] == 1e-3

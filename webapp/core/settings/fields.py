@@ -144,10 +144,13 @@ class Settings:
                               "instance (`scheduler.lock`)", "Scheduler")
     retrain_interval_seconds: float = setting(3600.0, "how often the retrain job looks for new feedback", "Scheduler",
                                               above=0.0)
-    retrain_min_feedback: int = setting(50, "new feedback events a scheduled retrain needs", "Scheduler", low=0)
+    retrain_min_feedback: int = setting(50, "new feedback events a scheduled retrain needs (when not set: 150 while "
+                                        "the active model has 50 M parameters or more, whose cycle takes minutes)",
+                                        "Scheduler", low=0)
     train_threads: int = setting(1, "torch threads of `rl-train` (0: torch's default, all cores). One by default: on "
                                  "a small machine shared with the web server, torch's threads spin-wait for each "
-                                 "other under load; raise it on idle cores or large models", "Scheduler", low=0)
+                                 "other under load (when not set: 0 while the active model has 50 M parameters or "
+                                 "more, whose cycle is minutes of large matrix products)", "Scheduler", low=0)
     train_processes: int = setting(1, "processes a training run started by the scheduler or the admin's train-now "
                                    "uses: above 1, `rl-train` runs under `accelerate launch --num_processes N` "
                                    "(data parallel; one process per GPU, or gloo on CPUs; see [Training on several "
