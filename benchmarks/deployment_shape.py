@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/deployment_shape.py --questions 16 [closed_loop.py's options: --zoo, --preference ...]
     .venv/bin/python benchmarks/deployment_shape.py --model smollm2 --preference as_list short_answer answer_first \
-        --max-events 300 --max-new-tokens 256 --json FILE      # a real chat model (rlhf.sim.preferences.REAL)
+        --follow-ups --max-events 300 --max-new-tokens 256 --json FILE   # a real chat model (rlhf.sim.preferences.REAL)
 
 A team's help bot hears the same handful of questions all day. Here the rating users ask only the
 ``N`` questions of ``rlhf.sim.questions.deployment_questions`` (a quarter of them outside every
@@ -61,6 +61,7 @@ SAMPLES_PER_QUESTION = 8  # policy diagnosis: answers sampled per question from 
 ANSWER_TOKENS = 64  # the policy diagnosis' answer length (--max-new-tokens sets it with the server's limit)
 RUN_TIMEOUT_S = 1200  # longest wait for one training run (--run-timeout)
 EVAL_TIMEOUT_S = 900  # longest experiment (--eval-timeout)
+FOLLOW_UPS = False  # --follow-ups: a user's three questions are the turns of one chat, not three chats
 CYCLES_FILE: Path | None = None  # --cycles: each cycle's record appended as it completes (a run may outlast a session)
 
 
@@ -172,8 +173,8 @@ def run_deployment(pref: str, model_dir: Path, n_questions: int = 16, via: str =
             while events < MAX_EVENTS and next_run() is None:
                 user = users.new(seed)
                 seed += 1
-                for _ in range(3):  # a user asks three of the questions, the set round-robin over users
-                    for inter in user.ask(questions[seed % len(questions)]):
+                for turn in range(3):  # a user asks three of the questions, the set round-robin over users
+                    for inter in user.ask(questions[seed % len(questions)], follow_up=FOLLOW_UPS and turn > 0):
                         events += inter.events
                     seed += 1
             if not loop.wait_for(next_run, 60 if events >= MAX_EVENTS else 5):
@@ -272,7 +273,7 @@ def _model(args: argparse.Namespace, embedded: Path) -> Path:
 
 def main() -> None:
     """closed_loop.py's command line and loop over preferences, each run on the deployment shape."""
-    global MAX_EVENTS, ANSWER_TOKENS, RUN_TIMEOUT_S, EVAL_TIMEOUT_S, CYCLES_FILE
+    global MAX_EVENTS, ANSWER_TOKENS, RUN_TIMEOUT_S, EVAL_TIMEOUT_S, CYCLES_FILE, FOLLOW_UPS, SAMPLES_PER_QUESTION
     ap = loop.arguments(__doc__.splitlines()[0])
     ap.add_argument("--questions", type=_questions, default=16,
                     help="the rating users ask only this many fixed questions (1-48; default 16)")
@@ -282,10 +283,14 @@ def main() -> None:
                     "policy diagnosis' answer length")
     ap.add_argument("--run-timeout", type=int, default=RUN_TIMEOUT_S, help="seconds one training run may take")
     ap.add_argument("--eval-timeout", type=int, default=EVAL_TIMEOUT_S, help="seconds one experiment may take")
+    ap.add_argument("--follow-ups", action="store_true", help="the rating users ask their three questions as the "
+                    "turns of one chat (multi-turn: the second and third answers are rated in context)")
+    ap.add_argument("--movement-samples", type=int, default=SAMPLES_PER_QUESTION,
+                    help=f"answers per question and version for the policy diagnosis (default {SAMPLES_PER_QUESTION})")
     ap.add_argument("--cycles", type=Path, help="append each cycle's record to this JSON-lines file as it completes")
     args = ap.parse_known_args()[0]
     MAX_EVENTS, RUN_TIMEOUT_S, EVAL_TIMEOUT_S = args.max_events, args.run_timeout, args.eval_timeout
-    CYCLES_FILE = args.cycles
+    CYCLES_FILE, FOLLOW_UPS, SAMPLES_PER_QUESTION = args.cycles, args.follow_ups, args.movement_samples
     extra = {}
     if args.max_new_tokens:
         ANSWER_TOKENS = args.max_new_tokens

@@ -75,7 +75,9 @@ def train_dpo(policy_dir: str | Path, train_pairs: list[dict], out_dir: str | Pa
     # pairs whose prompt fills the context, which left small data sets with nothing to train on
     result, log, rows, ranks = _offline(DPOTrainer, DPOConfig, policy_dir, train_pairs,
                                         ("prompt", "chosen", "rejected"), out_dir, settings, device, progress, logs,
-                                        truncation_mode="keep_end")
+                                        truncation_mode="keep_end",
+                                        # the reference's log-probs once, not once per epoch (the same numbers)
+                                        precompute_ref_log_probs=True)
     return {"algorithm": "dpo", "pairs": len(rows), "steps": result.global_step,
             "train_loss": round(result.training_loss, 4), "lora": settings.lora, **ranks,
             **history(log, ("rewards/accuracies", "rewards/margins", "loss"))}

@@ -178,9 +178,11 @@ class SimulatedUser:
         contrary user: one that does not)."""
         return _ideal_answer(self.rng, self.judge, self.behaviour, question)
 
-    def ask(self, question: str) -> list[Interaction]:
-        """Ask one question (new conversation), react to the answer(s)."""
-        self.conversation = self._post("/api/conversations")["id"]
+    def ask(self, question: str, follow_up: bool = False) -> list[Interaction]:
+        """Ask one question in a new conversation, or (``follow_up``) as the next turn of the last one;
+        react to the answer(s)."""
+        if not follow_up or self.conversation is None:
+            self.conversation = self._post("/api/conversations")["id"]
         compare = self.rate and (self.rng.random() < max(self.behaviour.compare_prob, self.compare_rate))
         started = time.perf_counter()
         if compare:

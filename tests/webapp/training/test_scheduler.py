@@ -450,13 +450,24 @@ def test_small_loop_closes_by_itself(tmp_path, micro_model_dir):
         prompts = prompt_set(30)
         events = 0
         for i in range(40):
-            # the micro model talks noise, which an on-topic judge dislikes: corrections give pairs
+            # the micro model talks noise, which an on-topic judge dislikes: corrections give pairs. Each user
+            # asks a follow-up in the same chat, rated in its context
             user = SimulatedUser(server.url, "on_topic", seed=i, behaviour=Behaviour(correction_prob=0.6))
-            events += sum(x.events for x in user.ask(prompts[i % len(prompts)]))
+            for turn in range(2):
+                events += sum(x.events for x in user.ask(prompts[(i + 7 * turn) % len(prompts)], follow_up=turn > 0))
             if events >= 30:
                 break
         assert events >= 30
         app = make_app(inst)
+        with app.app_context():  # the follow-ups are second turns of the users' chats, and were rated
+            second_turns = [m for m in db.session.scalars(db.select(Message).filter_by(role="user"))
+                            if db.session.scalar(db.select(db.func.count(Message.id)).filter(
+                                Message.conversation_id == m.conversation_id, Message.role == "user",
+                                Message.id < m.id))]
+            assert second_turns
+            rated = {f.message_id for f in db.session.scalars(db.select(Feedback))}
+            assert any(a.id in rated for a in db.session.scalars(db.select(Message).filter(
+                Message.parent_id.in_([m.id for m in second_turns]))))
 
         def experiment():
             with app.app_context():
