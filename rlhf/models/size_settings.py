@@ -33,7 +33,7 @@ LARGE: dict[str, Any] = {
     "evaluation.judge_min_steps": 20,
     # ...and only when they ask 5 questions or more: on the deployment shape (16 questions, 3 held out) its 20
     # steps reached 0.58, never trusted, in 156 s, and asking the 3 held-out questions again for it took the
-    # gate's sampling from 16 prompts to 31. Skipping both cut a cycle from 1,071 s to the figure in RESULTS
+    # gate's sampling from 16 prompts to 31. Skipping both cut a cycle from 1,071 s to 971 s
     "evaluation.judge_min_questions": 5,
     # iterative DPO on LoRA: the parent samples 6 answers per training prompt, the reward model ranks them, DPO
     # trains on best over worst. On SmolLM2 it moved the taste 0.31 -> 0.52 in 441 s; PPO at a budget that
