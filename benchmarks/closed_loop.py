@@ -226,33 +226,49 @@ def stop_unconcluded(instance: Path, key: str) -> str:
         else (done[2] or done[1])
 
 
+def in_parallel(fn: Callable[[int], list[Interaction]], seeds: list[int]) -> list[list[Interaction]]:
+    """``fn(seed)`` for each seed, at once (each a user of its own, on a thread): the server answers
+    concurrent users as one batch, as it would a deployment's."""
+    if len(seeds) == 1:
+        return [fn(seeds[0])]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(seeds)) as pool:
+        return list(pool.map(fn, seeds))
+
+
 def evaluate_arms(instance: Path, users: "Users", exp: tuple, questions: list[str], seed0: int, per_arm: int,
-                  deadline_s: float) -> dict:
-    """Evaluation users (rating, ``EVAL_BEHAVIOUR``) ask ``questions`` in turn until both arms have
-    ``per_arm`` judged answers, or the monitor concluded and the arm still serving has them (after a
-    promotion new users get the variant, after keep-control the control); the answers as
-    (arm, satisfied, message id, question, answer), the feedback events they gave, the users."""
+                  deadline_s: float, concurrency: int = 1) -> dict:
+    """Evaluation users (rating, ``EVAL_BEHAVIOUR``) ask ``questions`` in turn, ``concurrency`` at a
+    time, until both arms have ``per_arm`` judged answers, or the monitor concluded and the arm still
+    serving has them (after a promotion new users get the variant, after keep-control the control);
+    the answers as (arm, satisfied, message id, question, answer), the feedback events they gave, the
+    users."""
     control_name, variant_name = exp[4], exp[3]
     judged: list[tuple[str, bool, int, str, str]] = []
     count = {"control": 0, "variant": 0}
     events, i, deadline, ended = 0, 0, time.time() + deadline_s, False
     latencies: list[float] = []
+
+    def one(n: int) -> list[Interaction]:
+        return users.new(seed0 + n, EVAL_BEHAVIOUR).ask(questions[n % len(questions)])
+
     while time.time() < deadline and i < 6 * per_arm:
         if min(count.values()) >= per_arm or (ended and max(count.values()) >= per_arm):
             break
-        user = users.new(seed0 + i, EVAL_BEHAVIOUR)
-        interactions = user.ask(questions[i % len(questions)])
-        ids = stored_ids(instance, interactions)
-        versions = answered_by(instance, [mid for mid in ids if mid is not None])
-        for inter, mid in zip(interactions, ids):
-            events += inter.events
-            arm = {control_name: "control", variant_name: "variant"}.get(versions.get(mid))
-            if arm:
-                count[arm] += 1
-                judged.append((arm, inter.satisfaction >= 0.5, mid, inter.question, inter.answer))
-            latencies.append(inter.latency_s)
-        i += 1
-        if i % 10 == 0 and not ended:
+        batch = list(range(i, i + concurrency))
+        for interactions in in_parallel(one, batch):
+            ids = stored_ids(instance, interactions)
+            versions = answered_by(instance, [mid for mid in ids if mid is not None])
+            for inter, mid in zip(interactions, ids):
+                events += inter.events
+                arm = {control_name: "control", variant_name: "variant"}.get(versions.get(mid))
+                if arm:
+                    count[arm] += 1
+                    judged.append((arm, inter.satisfaction >= 0.5, mid, inter.question, inter.answer))
+                latencies.append(inter.latency_s)
+        before, i = i, i + len(batch)
+        if i // 10 > before // 10 and not ended:
             ended = concluded(instance, exp[0]) is not None
     return {"judged": judged, "events": events, "users": i, "latencies": latencies}
 

@@ -61,6 +61,7 @@ SAMPLES_PER_QUESTION = 8  # policy diagnosis: answers sampled per question from 
 ANSWER_TOKENS = 64  # the policy diagnosis' answer length (--max-new-tokens sets it with the server's limit)
 RUN_TIMEOUT_S = 1200  # longest wait for one training run (--run-timeout)
 EVAL_TIMEOUT_S = 900  # longest experiment (--eval-timeout)
+CONCURRENCY = 1  # --concurrency: users chatting at once (the server answers them as one batch)
 FOLLOW_UPS = False  # --follow-ups: a user's three questions are the turns of one chat, not three chats
 CYCLES_FILE: Path | None = None  # --cycles: each cycle's record appended as it completes (a run may outlast a session)
 
@@ -140,7 +141,8 @@ def experiment(instance: Path, users: loop.Users, exp: tuple, questions: list[st
     """Evaluation users ask the N questions and rate (``closed_loop.evaluate_arms``) until each arm has
     ``EVAL_PER_ARM`` judged answers (or the monitor concluded); ground truth per arm and the monitor's
     decision (one it has not reached is stopped and recorded as "wait")."""
-    ev = loop.evaluate_arms(instance, users, exp, questions, 70_000 + cycle * 10_000, EVAL_PER_ARM, EVAL_TIMEOUT_S)
+    ev = loop.evaluate_arms(instance, users, exp, questions, 70_000 + cycle * 10_000, EVAL_PER_ARM, EVAL_TIMEOUT_S,
+                            CONCURRENCY)
     c = [sat for arm, sat, *_ in ev["judged"] if arm == "control"]
     v = [sat for arm, sat, *_ in ev["judged"] if arm == "variant"]
     test = sample_stats.compare_proportions((sum(c), len(c)), (sum(v), len(v)))
@@ -171,12 +173,13 @@ def run_deployment(pref: str, model_dir: Path, n_questions: int = 16, via: str =
         while events < MAX_EVENTS:
             # feedback until the scheduler starts a run (it checks every few seconds) or the budget is spent
             while events < MAX_EVENTS and next_run() is None:
-                user = users.new(seed)
-                seed += 1
-                for turn in range(3):  # a user asks three of the questions, the set round-robin over users
-                    for inter in user.ask(questions[seed % len(questions)], follow_up=FOLLOW_UPS and turn > 0):
-                        events += inter.events
-                    seed += 1
+                def one(first: int) -> list:  # a user asks three of the questions, the set round-robin over users
+                    user = users.new(first)
+                    return [inter for turn in range(3) for inter in
+                            user.ask(questions[(first + 1 + turn) % len(questions)], follow_up=FOLLOW_UPS and turn > 0)]
+                for interactions in loop.in_parallel(one, [seed + 4 * k for k in range(CONCURRENCY)]):
+                    events += sum(inter.events for inter in interactions)
+                seed += 4 * CONCURRENCY
             if not loop.wait_for(next_run, 60 if events >= MAX_EVENTS else 5):
                 break
             done = loop.wait_for(lambda: (r := next_run()) and r[1] in ("succeeded", "failed") and r, RUN_TIMEOUT_S)
@@ -274,6 +277,7 @@ def _model(args: argparse.Namespace, embedded: Path) -> Path:
 def main() -> None:
     """closed_loop.py's command line and loop over preferences, each run on the deployment shape."""
     global MAX_EVENTS, ANSWER_TOKENS, RUN_TIMEOUT_S, EVAL_TIMEOUT_S, CYCLES_FILE, FOLLOW_UPS, SAMPLES_PER_QUESTION
+    global CONCURRENCY
     ap = loop.arguments(__doc__.splitlines()[0])
     ap.add_argument("--questions", type=_questions, default=16,
                     help="the rating users ask only this many fixed questions (1-48; default 16)")
@@ -285,12 +289,15 @@ def main() -> None:
     ap.add_argument("--eval-timeout", type=int, default=EVAL_TIMEOUT_S, help="seconds one experiment may take")
     ap.add_argument("--follow-ups", action="store_true", help="the rating users ask their three questions as the "
                     "turns of one chat (multi-turn: the second and third answers are rated in context)")
+    ap.add_argument("--concurrency", type=int, default=CONCURRENCY,
+                    help="simulated users chatting at once, rating and evaluation users alike (default 1)")
     ap.add_argument("--movement-samples", type=int, default=SAMPLES_PER_QUESTION,
                     help=f"answers per question and version for the policy diagnosis (default {SAMPLES_PER_QUESTION})")
     ap.add_argument("--cycles", type=Path, help="append each cycle's record to this JSON-lines file as it completes")
     args = ap.parse_known_args()[0]
     MAX_EVENTS, RUN_TIMEOUT_S, EVAL_TIMEOUT_S = args.max_events, args.run_timeout, args.eval_timeout
     CYCLES_FILE, FOLLOW_UPS, SAMPLES_PER_QUESTION = args.cycles, args.follow_ups, args.movement_samples
+    CONCURRENCY = max(1, args.concurrency)
     extra = {}
     if args.max_new_tokens:
         ANSWER_TOKENS = args.max_new_tokens
