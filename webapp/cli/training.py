@@ -41,8 +41,10 @@ def rl_train_command(algorithm: str | None, min_feedback: int | None, max_steps:
     from webapp.training.runner import dumps, run_training
     from webapp.training.runs import EXIT_FAILED, EXIT_GATE_REJECTED, EXIT_REFUSED, RunRefused
 
-    # one thread leaves a core to a web server on the same machine; a large model's run takes every core
-    threads = int(sized_setting("train_threads"))
+    # one thread leaves a core to a web server on the same machine; a large model's run in one process takes
+    # every core (several processes share them: each keeps the configured count)
+    threads = int(current_app.config["RLHF_TRAIN_THREADS"] if distributed.is_distributed()
+                  else sized_setting("train_threads"))
     if distributed.unsupported():
         click.echo(f"Error: {distributed.unsupported()}", err=True)
         sys.exit(EXIT_REFUSED)
