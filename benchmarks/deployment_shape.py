@@ -152,6 +152,14 @@ def experiment(instance: Path, users: loop.Users, exp: tuple, questions: list[st
             "events": ev["events"], "users": ev["users"]}
 
 
+def asked(first: int, turn: int) -> int:
+    """Which question (an index into the set) the user of seed ``first`` asks at ``turn``. Users' seeds step
+    by 4: in separate chats the user asks the three after its seed; in one chat (``--follow-ups``) the chat
+    opens with the user's own question, round-robin over users, so that every question opens chats (a chat's
+    first question keys the held-out split), then the fifth and tenth after it."""
+    return first // 4 + 5 * turn if FOLLOW_UPS else first + 1 + turn
+
+
 def run_deployment(pref: str, model_dir: Path, n_questions: int = 16, via: str = "chat",
                    extra_env: dict[str, str] | None = None, label: str | None = None) -> dict[str, Any]:
     """One preference through the deployed loop on ``n_questions`` questions (see the module)."""
@@ -176,7 +184,7 @@ def run_deployment(pref: str, model_dir: Path, n_questions: int = 16, via: str =
                 def one(first: int) -> list:  # a user asks three of the questions, the set round-robin over users
                     user = users.new(first)
                     return [inter for turn in range(3) for inter in
-                            user.ask(questions[(first + 1 + turn) % len(questions)], follow_up=FOLLOW_UPS and turn > 0)]
+                            user.ask(questions[asked(first, turn) % len(questions)], follow_up=FOLLOW_UPS and turn > 0)]
                 for interactions in loop.in_parallel(one, [seed + 4 * k for k in range(CONCURRENCY)]):
                     events += sum(inter.events for inter in interactions)
                 seed += 4 * CONCURRENCY

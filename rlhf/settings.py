@@ -140,6 +140,9 @@ class PolicySettings:
     rloo_generations: int = knob(4, "RLOO: answers sampled per prompt", low=2)
     samples_per_prompt: int = knob(8, "iterative DPO: answers the parent samples per training prompt for the "
                                    "reward model to rank", low=2)
+    max_prompts: int = knob(0, "iterative DPO: distinct training prompts the parent samples answers to, at most (a "
+                            "seeded random subset; 0: all). Multi-turn chats make a prompt of every rated turn: 150 "
+                            "events of them held 91 on SmolLM2, 546 answers to sample before any training", low=0)
     pairs_per_prompt: int = knob(2, "iterative DPO: pairs per prompt (best over worst, second best over second "
                                  "worst, ...)", low=1)
     min_pair_gap: float = knob(0.5, "iterative DPO: smallest reward difference, in standard deviations of the "

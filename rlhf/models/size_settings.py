@@ -44,6 +44,9 @@ LARGE: dict[str, Any] = {
     "policy.epochs": 4.0,
     "policy.batch_size": 8,
     "policy.samples_per_prompt": 6,
+    # ...to at most 16 prompts: the measured cycle had 13 (one question per chat); multi-turn chats make a prompt
+    # of every rated turn (91 from 150 events), which would multiply the sampling and DPO's steps by 7
+    "policy.max_prompts": 16,
     "policy.response_length": 128,
     # PPO, when the operator picks it: LoRA policy and critic on few, short rollouts (a batch about 50 s)
     "policy.mini_batches": 2,

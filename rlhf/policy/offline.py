@@ -9,6 +9,7 @@ them would silently drift. Equal weights leave the rows, and so the training, un
 from __future__ import annotations
 
 import copy
+import random
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -147,6 +148,8 @@ def train_iterative_dpo(policy_dir: str | Path, reward_dir: str | Path, prompts:
     policy, tokenizer = load_policy(policy_dir)
     policy.to(dev).eval()
     distinct = list({repr(p): p for p in prompts}.values())
+    if settings.max_prompts and len(distinct) > settings.max_prompts:  # the sampling and DPO's steps grow with them
+        distinct = random.Random(settings.seed).sample(distinct, settings.max_prompts)
     settings = replace(settings, response_length=answer_length(policy, settings.response_length))
     max_prompt = max(8, context_length(policy) - settings.response_length)
     texts = [prompt_text_within(tokenizer, p, max_prompt) for p in distinct]

@@ -112,6 +112,10 @@ def test_iterative_dpo_trains_on_fewer_pairs_than_a_batch_with_the_default_mini_
                                  "pairs_per_prompt": 1, "min_pair_gap": 0.0})
     metrics = train_iterative_dpo(micro_model_dir, rm_path, prompts(3), tmp_path / "idpo", settings, device="cpu")
     assert metrics["sampled"]["pairs"] == 3 and metrics["pairs"] == 3 and metrics["steps"] == 2
+    # policy.max_prompts: of 5 prompts only 2 are sampled (many turns of multi-turn chats)
+    capped = PolicySettings(**{**settings.__dict__, "max_prompts": 2})
+    metrics = train_iterative_dpo(micro_model_dir, rm_path, prompts(5), tmp_path / "capped", capped, device="cpu")
+    assert metrics["sampled"]["prompts"] == 2 and metrics["sampled"]["answers"] == 2 * capped.samples_per_prompt
 
 
 def test_reward_ranked_pairs_take_best_over_worst_where_the_reward_model_separates_them():
