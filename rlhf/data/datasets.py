@@ -199,13 +199,14 @@ def build_datasets(conversations: Iterable[ConversationRecord],
                 labelled[criterion][label].append(LabelledAnswer(split, prompt, m.content, rater, liked))
             if score is not None and m.cut and score > 0:
                 # liked but cut at the generation limit: a good start, not an answer to imitate whole (the
-                # KTO and SFT rows would teach ending there); it still ranks in the pairs below
+                # KTO and SFT rows would teach ending there); it still ranks in every kind of pair (a real
+                # model's answers are often cut: SmolLM2 at 192 tokens cut 125 of 128 rated answers)
                 totals["liked_but_cut"] += 1
             elif score is not None:
                 _add_kto(kto, split, prompt, m.content, score > 0, "rating", rater)
-                if score != 0:
-                    rated_answers.append((split, conv.id, prompt, m.content, score, rater))
-                if len(prompt) == 1 and score != 0:
+            if score is not None and score != 0:
+                rated_answers.append((split, conv.id, prompt, m.content, score, rater))
+                if len(prompt) == 1:
                     by_question[question_key(prompt[0]["content"])].append(
                         (split, conv.id, prompt, m.content, score, rater))
             if fb.correction and fb.correction.strip() != m.content.strip():

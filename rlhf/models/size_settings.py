@@ -94,6 +94,11 @@ def parameter_count(model_dir: str | Path) -> int | None:
     return total
 
 
+def is_large(parameters: int | None) -> bool:
+    """Whether a model of ``parameters`` parameters (None: unknown) gets the large-model settings."""
+    return parameters is not None and parameters >= LARGE_PARAMETERS
+
+
 def with_setting(settings: Any, dotted: str, value: Any) -> Any:
     """``settings`` (a dataclass of dataclasses) with the setting ``dotted`` (``reward.learning_rate``) set."""
     head, _, rest = dotted.partition(".")
@@ -112,7 +117,7 @@ def sized_to_model(settings: CycleSettings, parameters: int | None,
     """``settings`` with :data:`LARGE`'s values for a model of at least :data:`LARGE_PARAMETERS`
     parameters, except the settings in ``explicit`` (dotted names, e.g. ``reward.learning_rate``: what
     the operator set), and a note saying what changed. A smaller or unknown model keeps ``settings``."""
-    if parameters is None or parameters < LARGE_PARAMETERS:
+    if not is_large(parameters):
         return settings, []
     kept = set(explicit)
     changed = []

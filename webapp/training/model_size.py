@@ -17,8 +17,7 @@ def active_model_is_large() -> bool:
     version = active_version()
     if version is None or not registry.is_complete(version.location):
         return False
-    count = size_settings.parameter_count(version.location)
-    return count is not None and count >= size_settings.LARGE_PARAMETERS
+    return size_settings.is_large(size_settings.parameter_count(version.location))
 
 
 def sized_setting(name: str) -> Any:

@@ -274,3 +274,22 @@ def test_a_liked_answer_cut_at_the_limit_is_ranked_but_never_imitated():
     assert [r["completion"][0]["content"] for r in b.kto["train"]] == ["No idea."]
     assert b.sft["train"] == [] and b.counts["liked_but_cut"] == 1
     assert [texts(r) for r in b.pairs["train"]] == [("Rinse the rice and then", "No idea.")]
+
+
+def test_a_liked_cut_answer_ranks_across_chats_and_questions():
+    """Where nearly every answer is cut (a real model at its generation limit), a liked cut answer
+    still makes same-question pairs with other people's chats and rated pairs with disliked
+    answers to other questions: leaving it out left SmolLM2's feedback with no rated pair at all."""
+    def cut_liked(mid, text):
+        return MessageRecord(mid, "assistant", text, mid - 1, FeedbackRecord(thumb="up"), cut=True)
+
+    rice = ConversationRecord(1, (MessageRecord(1, "user", "How do I cook rice?"),
+                                  cut_liked(2, "1. Rinse the rice 2. Boil")))
+    rice_bad = conv(2, [("Cook it.", FeedbackRecord(thumb="down"))])
+    tea = ConversationRecord(3, (MessageRecord(5, "user", "How do I make tea?"),
+                                 MessageRecord(6, "assistant", "Tea is a drink.", 5, FeedbackRecord(thumb="down"))))
+    b = build_datasets([rice, rice_bad, tea], ALL_TRAIN)
+    assert ("1. Rinse the rice 2. Boil", "Cook it.") in [texts(r) for r in b.pairs["train"]]
+    rated = [(r["chosen"], r["rejected"]) for r in b.rated["train"]]
+    assert ("1. Rinse the rice 2. Boil", "Tea is a drink.") in rated
+    assert b.kto["train"] and all(r["completion"][0]["content"] != "1. Rinse the rice 2. Boil" for r in b.kto["train"])
