@@ -127,11 +127,18 @@ class CriteriaSettings:
 class PolicySettings:
     learning_rate: float = knob(3e-5, "policy learning rate", above=0.0, below=1.0)
     batch_size: int = knob(16, "prompts per PPO/RLOO batch, rows per DPO/KTO step (fitted down to the data)", low=1)
+    micro_batch_size: int = knob(0, "DPO/KTO: rows per forward pass, the step's batch made of several (gradient "
+                                 "accumulation: the same update in less memory); 0: the whole batch at once. "
+                                 "SmolLM2 at 8 rows of 384 tokens peaked at 16.5 GB", low=0)
     mini_batches: int = knob(2, "PPO: mini-batches per batch (batch_size must be a multiple)", low=1)
     ppo_epochs: int = knob(4, "PPO: passes over each batch", low=1)
     episodes: int = knob(512, "PPO/RLOO rollouts (prompts sampled, with repetition)", low=1)
     max_steps: int | None = knob(None, "cap on optimisation steps (none: episodes/epochs decide)", low=1)
     response_length: int = knob(64, "PPO/RLOO: longest sampled answer, in tokens", low=1)
+    max_length: int = knob(0, "tokens of prompt + answer a policy trains on, the prompt's start cut (DPO, iterative "
+                           "DPO, PPO, RLOO; KTO, which would cut the answer, keeps the context); 0: the model's "
+                           "context. A multi-turn chat's history outgrows memory: DPO on SmolLM2 at batch 8 "
+                           "with 3-turn prompts ran out of 24 GB", low=0)
     temperature: float = knob(0.8, "PPO/RLOO: sampling temperature of rollouts", above=0.0, high=5.0)
     kl_coef: float = knob(0.05, "KL penalty coefficient against the reference model", low=0.0)
     missing_eos_penalty: float = knob(1.0, "PPO/RLOO: reward subtracted from answers that never end", low=0.0)

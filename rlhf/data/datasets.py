@@ -199,8 +199,7 @@ def build_datasets(conversations: Iterable[ConversationRecord],
                 labelled[criterion][label].append(LabelledAnswer(split, prompt, m.content, rater, liked))
             if score is not None and m.cut and score > 0:
                 # liked but cut at the generation limit: a good start, not an answer to imitate whole (the
-                # KTO and SFT rows would teach ending there); it still ranks in every kind of pair (a real
-                # model's answers are often cut: SmolLM2 at 192 tokens cut 125 of 128 rated answers)
+                # KTO and SFT rows would teach ending there); it ranks in every pair (SmolLM2 cut 125 of 128)
                 totals["liked_but_cut"] += 1
             elif score is not None:
                 _add_kto(kto, split, prompt, m.content, score > 0, "rating", rater)

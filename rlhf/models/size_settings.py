@@ -43,11 +43,16 @@ LARGE: dict[str, Any] = {
     "policy.learning_rate": 2e-4,
     "policy.epochs": 4.0,
     "policy.batch_size": 8,
+    # ...in forward passes of 2 rows: the same update; 8 rows of 384 tokens at once peaked at 16.5 GB
+    "policy.micro_batch_size": 2,
     "policy.samples_per_prompt": 6,
     # ...to at most 16 prompts: the measured cycle had 13 (one question per chat); multi-turn chats make a prompt
     # of every rated turn (91 from 150 events), which would multiply the sampling and DPO's steps by 7
     "policy.max_prompts": 16,
     "policy.response_length": 128,
+    # a policy trains on the last 384 tokens of prompt + answer: the 256 the reward model reads (reward.max_length)
+    # and its 128-token answer. Whole multi-turn histories ran DPO at batch 8 out of 24 GB
+    "policy.max_length": 384,
     # PPO, when the operator picks it: LoRA policy and critic on few, short rollouts (a batch about 50 s)
     "policy.mini_batches": 2,
     "policy.ppo_epochs": 2,

@@ -29,6 +29,7 @@ from rlhf.policy.common import (
     lora_config,
     prompt_text_within,
     save_policy,
+    sequence_limit,
 )
 from rlhf.progress import ProgressFn
 from rlhf.reward.scoring import reward_texts, score_texts
@@ -51,9 +52,12 @@ def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: li
     std = [to_standard(r, tokenizer) for r in rows]
     dataset = Dataset.from_list([{k: r[k] for k in columns} for r in std])
     with tempfile.TemporaryDirectory(prefix=f"{trainer_cls.__name__.lower()}-") as scratch:
-        args = config_cls(**common_args(dev, settings, scratch, logs), per_device_train_batch_size=settings.batch_size,
+        micro = min(settings.micro_batch_size or settings.batch_size, settings.batch_size)
+        args = config_cls(**common_args(dev, settings, scratch, logs), per_device_train_batch_size=micro,
+                          gradient_accumulation_steps=max(1, round(settings.batch_size / micro)),
                           num_train_epochs=settings.epochs, max_steps=settings.max_steps or -1, beta=settings.beta,
-                          max_length=context_length(policy), **config)
+                          max_length=sequence_limit(policy, settings) if config.get("truncation_mode") == "keep_end"
+                          else context_length(policy), **config)  # keep_start would cut the answer
         trainer = trainer_cls(model=policy, ref_model=None if settings.lora else copy.deepcopy(policy), args=args,
                               train_dataset=dataset, processing_class=tokenizer,
                               peft_config=lora_config(policy, settings) if settings.lora else None)
@@ -151,7 +155,7 @@ def train_iterative_dpo(policy_dir: str | Path, reward_dir: str | Path, prompts:
     if settings.max_prompts and len(distinct) > settings.max_prompts:  # the sampling and DPO's steps grow with them
         distinct = random.Random(settings.seed).sample(distinct, settings.max_prompts)
     settings = replace(settings, response_length=answer_length(policy, settings.response_length))
-    max_prompt = max(8, context_length(policy) - settings.response_length)
+    max_prompt = max(8, sequence_limit(policy, settings) - settings.response_length)
     texts = [prompt_text_within(tokenizer, p, max_prompt) for p in distinct]
     n = settings.samples_per_prompt
     sampling = EvalSettings(max_new_tokens=settings.response_length, temperature=settings.temperature)
