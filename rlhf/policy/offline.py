@@ -64,7 +64,9 @@ def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: li
         callbacks(trainer, progress, "policy", logs, trainer_cls.__name__.removesuffix("Trainer").lower())
         result = trainer.train()
         save_policy(trainer.model, tokenizer, out_dir, policy_dir, settings)
-        ranks = distributed.rank_metrics(trainer.model, result.global_step)
+        # the forward passes per step, beside the ranks' metrics (policy.micro_batch_size)
+        ranks = {**distributed.rank_metrics(trainer.model, result.global_step),
+                 "micro_batches": args.gradient_accumulation_steps}
     return result, trainer.state.log_history, std, ranks
 
 
@@ -183,4 +185,5 @@ def train_iterative_dpo(policy_dir: str | Path, reward_dir: str | Path, prompts:
                          f"{len(texts)} prompts and no two differed by {settings.min_pair_gap} standard deviations")
     dpo = replace(settings, batch_size=min(settings.batch_size, len(pairs)))
     metrics = train_dpo(policy_dir, pairs, out_dir, dpo, device, progress, logs)
+    kept["longest_prompt_tokens"] = max(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
     return {**metrics, "algorithm": "iterative_dpo", "sampled": kept}

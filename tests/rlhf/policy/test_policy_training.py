@@ -131,3 +131,49 @@ def test_reward_ranked_pairs_take_best_over_worst_where_the_reward_model_separat
     assert reward_ranked_pairs([prompt_a], [answers[0]], [scores[0]], 1, min_gap=10.0)[0] == []
 
 
+
+
+def _weights(folder) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_dpo_in_micro_batches_makes_the_same_update_as_the_whole_batch(micro_model_dir, tmp_path):
+    """policy.micro_batch_size splits a step's rows into forward passes (gradient accumulation) to
+    bound memory; the update is the whole batch's: the two candidates differ from each other far
+    less than either moved from the parent."""
+    settings = PolicySettings(**{**MICRO_POLICY.__dict__, "batch_size": 4, "max_steps": 2})
+    pairs = clean_pairs(8, 3)
+    whole = train_dpo(micro_model_dir, pairs, tmp_path / "whole", settings, device="cpu")
+    micro = train_dpo(micro_model_dir, pairs, tmp_path / "micro",
+                      PolicySettings(**{**settings.__dict__, "micro_batch_size": 2}), device="cpu")
+    assert whole["steps"] == micro["steps"] == 2 and (whole["micro_batches"], micro["micro_batches"]) == (1, 2)
+    parent, a, b = _weights(micro_model_dir), _weights(tmp_path / "whole"), _weights(tmp_path / "micro")
+    moved = max((a[k] - parent[k]).abs().max().item() for k in a)
+    apart = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert moved > 1e-3 and apart < moved / 20, (moved, apart)
+
+
+def test_policy_max_length_cuts_the_prompts_start_and_keeps_the_answer(micro_model_dir, reward_dir, tmp_path):
+    """policy.max_length bounds prompt + answer: iterative DPO samples its answers to the end of a
+    long multi-turn prompt (the last max_length - response_length tokens), and DPO trains on pairs
+    whose prompts alone are longer than the limit (keep_end: the answers are what it learns from)."""
+    from rlhf.policy.common import sequence_limit
+
+    rm_path, _ = reward_dir
+    policy, tok = load_causal_lm(micro_model_dir, "cpu")
+    limit = PolicySettings(**{**MICRO_POLICY.__dict__, "max_length": 48, "max_steps": 1, "batch_size": 2,
+                              "pairs_per_prompt": 1, "min_pair_gap": 0.0, "samples_per_prompt": 2})
+    assert sequence_limit(policy, limit) == 48
+    assert sequence_limit(policy, PolicySettings(max_length=10**6)) == sequence_limit(policy, PolicySettings())
+    history = [{"role": "user", "content": "tell me about tea " * 30}, {"role": "assistant", "content": "tea " * 40}]
+    long_prompts = [history + p for p in prompts(2)]
+    metrics = train_iterative_dpo(micro_model_dir, rm_path, long_prompts, tmp_path / "idpo", limit, device="cpu")
+    assert metrics["steps"] == 1 and metrics["sampled"]["answers"] == 4
+    assert metrics["sampled"]["longest_prompt_tokens"] <= 48 - limit.response_length
+    whole = PolicySettings(**{**limit.__dict__, "max_length": 0})
+    metrics = train_iterative_dpo(micro_model_dir, rm_path, long_prompts, tmp_path / "whole", whole, device="cpu")
+    assert metrics["sampled"]["longest_prompt_tokens"] > 48
+    pairs = [{**p, "prompt": history + p["prompt"]} for p in clean_pairs(4, 5)]
+    assert len(tok.apply_chat_template(pairs[0]["prompt"], tokenize=False)) > 48
+    metrics = train_dpo(micro_model_dir, pairs, tmp_path / "dpo", limit, device="cpu")
+    assert metrics["steps"] == 1 and metrics["train_loss"] > 0
