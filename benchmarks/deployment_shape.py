@@ -62,6 +62,7 @@ ANSWER_TOKENS = 64  # the policy diagnosis' answer length (--max-new-tokens sets
 RUN_TIMEOUT_S = 1200  # longest wait for one training run (--run-timeout)
 EVAL_TIMEOUT_S = 900  # longest experiment (--eval-timeout)
 CONCURRENCY = 1  # --concurrency: users chatting at once (the server answers them as one batch)
+FACTS = False  # with --model: the capability check (benchmarks.real_model_cycle.factual_check) of each candidate
 FOLLOW_UPS = False  # --follow-ups: a user's three questions are the turns of one chat, not three chats
 CYCLES_FILE: Path | None = None  # --cycles: each cycle's record appended as it completes (a run may outlast a session)
 
@@ -107,6 +108,9 @@ def policy_movement(instance: Path, version_name: str, questions: list[str], pre
                 "hits": sum(sat)}
 
     out = {"parent": stats(par), "candidate": stats(can)}
+    if FACTS:  # the simple factual questions the parent answers right, answered right by the candidate too
+        from benchmarks.real_model_cycle import factual_check
+        out["factual"] = factual_check(Path(parent_dir), Path(cand_dir))
     out["p_value"] = sample_stats.compare_proportions((out["parent"]["hits"], out["parent"]["n"]),
                                                       (out["candidate"]["hits"], out["candidate"]["n"])).p_value
     if reward_dir:
@@ -239,6 +243,8 @@ def _cell(c: dict[str, Any]) -> str:
     return (f"{c.get('events')} ev: RM {'–' if acc is None else f'{acc:.2f}'} / "
             f"AUC {'–' if auc is None else f'{auc:.2f}'}; "
             f"policy {pm.get('parent', {}).get('satisfied', '–')} -> {pm.get('candidate', {}).get('satisfied', '–')}; "
+            + (f"facts right {pm['factual']['parent_right']} -> {pm['factual']['candidate_right']} "
+               f"(kept {pm['factual']['kept']}); " if pm.get("factual") else "") +
             f"gate {gate.get('verdict')} ({gate.get('heldout')} held-out pairs, "
             f"combined p {'–' if p is None else f'{p:.2g}'})"
             + (f"; A/B {e['control']['share']} -> {e['variant']['share']} "
@@ -285,7 +291,7 @@ def _model(args: argparse.Namespace, embedded: Path) -> Path:
 def main() -> None:
     """closed_loop.py's command line and loop over preferences, each run on the deployment shape."""
     global MAX_EVENTS, ANSWER_TOKENS, RUN_TIMEOUT_S, EVAL_TIMEOUT_S, CYCLES_FILE, FOLLOW_UPS, SAMPLES_PER_QUESTION
-    global CONCURRENCY
+    global CONCURRENCY, FACTS
     ap = loop.arguments(__doc__.splitlines()[0])
     ap.add_argument("--questions", type=_questions, default=16,
                     help="the rating users ask only this many fixed questions (1-48; default 16)")
@@ -306,6 +312,7 @@ def main() -> None:
     MAX_EVENTS, RUN_TIMEOUT_S, EVAL_TIMEOUT_S = args.max_events, args.run_timeout, args.eval_timeout
     CYCLES_FILE, FOLLOW_UPS, SAMPLES_PER_QUESTION = args.cycles, args.follow_ups, args.movement_samples
     CONCURRENCY = max(1, args.concurrency)
+    FACTS = bool(args.model)
     extra = {}
     if args.max_new_tokens:
         ANSWER_TOKENS = args.max_new_tokens
