@@ -129,7 +129,7 @@ class PolicySettings:
     batch_size: int = knob(16, "prompts per PPO/RLOO batch, rows per DPO/KTO step (fitted down to the data)", low=1)
     micro_batch_size: int = knob(0, "DPO/KTO: rows per forward pass, the step's batch made of several (gradient "
                                  "accumulation: the same update in less memory); 0: the whole batch at once. "
-                                 "SmolLM2 at 8 rows of 384 tokens peaked at 16.5 GB", low=0)
+                                 "SmolLM2 at 8 rows of 384 tokens peaked at 17.2 GB", low=0)
     mini_batches: int = knob(2, "PPO: mini-batches per batch (batch_size must be a multiple)", low=1)
     ppo_epochs: int = knob(4, "PPO: passes over each batch", low=1)
     episodes: int = knob(512, "PPO/RLOO rollouts (prompts sampled, with repetition)", low=1)

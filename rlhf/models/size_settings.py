@@ -3,7 +3,7 @@
 The defaults in rlhf.settings were tuned on the embedded 1 M-parameter model, where training every
 weight for a few dozen steps is cheap and right. On a pretrained 100 M+ model they are neither: every
 weight of SmolLM2-135M-Instruct's reward model trained for 26 minutes on 2 cores and ranked 0.42 of its
-held-out pairs right, and PPO at the defaults took 16.5 GB and over 6 minutes a batch. A model of at
+held-out pairs right, and PPO at the defaults took 17.2 GB and over 6 minutes a batch. A model of at
 least :data:`LARGE_PARAMETERS` parameters therefore gets the settings of :data:`LARGE` instead of the
 defaults, for every setting the operator did not set (benchmarks/RESULTS.md, "A real chat model's
 reward stage" and "A real chat model's cycle", has the measurements behind each value).
@@ -43,7 +43,7 @@ LARGE: dict[str, Any] = {
     "policy.learning_rate": 2e-4,
     "policy.epochs": 4.0,
     "policy.batch_size": 8,
-    # ...in forward passes of 2 rows: the same update; 8 rows of 384 tokens at once peaked at 16.5 GB
+    # ...in forward passes of 2 rows: the same update; 8 rows of 384 tokens at once peaked at 17.2 GB
     "policy.micro_batch_size": 2,
     "policy.samples_per_prompt": 6,
     # ...to at most 16 prompts: the measured cycle had 13 (one question per chat); multi-turn chats make a prompt
