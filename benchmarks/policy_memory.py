@@ -75,6 +75,7 @@ def main() -> None:
         print(json.dumps(one(args.model, json.loads(args.one))))
         return
     from benchmarks.real_model_reward import base_model
+    from benchmarks.real_model_threads import emit
 
     model = str(base_model(args.model))
     load0, rows = os.getloadavg(), []
@@ -87,10 +88,7 @@ def main() -> None:
            "runs": rows, "peak_ratio": round(rows[0]["peak_rss_gb"] / rows[1]["peak_rss_gb"], 2),
            "time_ratio": round(rows[0]["seconds"] / rows[1]["seconds"], 2),
            "load_start": [round(x, 2) for x in load0], "load_end": [round(x, 2) for x in os.getloadavg()]}
-    print(json.dumps(row))
-    if args.json:
-        with args.json.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
+    emit(row, args.json)
 
 
 if __name__ == "__main__":

@@ -81,9 +81,14 @@ def main() -> None:
            "median_s": {k: {n: round(statistics.median(v), 2) for n, v in per.items()} for k, per in seconds.items()},
            "speedup": {k: round(statistics.median(per[1]) / statistics.median(per[counts[-1]]), 2)
                        for k, per in seconds.items()}}
+    emit(row, args.json)
+
+
+def emit(row: dict, path: Path | None) -> None:
+    """Print a benchmark's result row, and append it to the JSON-lines file ``path`` when given."""
     print(json.dumps(row))
-    if args.json:
-        with args.json.open("a") as fh:
+    if path:
+        with path.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
 
 
