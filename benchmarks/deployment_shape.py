@@ -19,8 +19,9 @@ for every cycle, which stage kept or lost the signal:
 - **experiment**: evaluation users ask the same N questions and rate the answers as users do; ground
   truth per arm, two-proportion test; the monitor's decision, by the product's deployed policy and
   primary metric (nothing of the promotion policy is overridden: ``closed_loop.monitor_policy``
-  records what it was). Their ratings are feedback like any: the scheduler may retrain on them while
-  the experiment runs, and the next cycle is then that run.
+  records what it was). Their ratings are feedback like any: the scheduler waits for the verdict
+  (``RLHF_RETRAIN_DURING_EXPERIMENT``, off), or for the benchmark to stop an experiment it ends
+  unconcluded, and the next run trains on them too.
 
 A preference *wins* in the first cycle whose experiment the monitor promoted and whose ground
 truth says the variant is significantly better (p < 0.05); a promotion that ground truth calls

@@ -323,7 +323,8 @@ def run_prepared(prepared: PreparedData, parent_dir: str | Path, reward_dir: str
             say(f"evaluate: {note}")
         evaluation = evaluate_candidate(policy_dir, parent_dir, reward_dir, eval_prompts, settings.gate,
                                         settings.evaluation, settings.device, report, heldout_pairs=held_out,
-                                        judge_dir=judge_dir, judge_info=judge_info, judged_prompts=judged)
+                                        judge_dir=judge_dir, judge_info=judge_info, judged_prompts=judged,
+                                        max_length=settings.policy.max_length)
     timings["evaluate"] = time.perf_counter() - t0
     peaks["evaluate"] = peak()
     say(describe(evaluation))

@@ -32,10 +32,19 @@ from typing import Any
 import torch
 
 from rlhf.data.criteria import SAFETY
-from rlhf.gate.instruments import heldout_summary, implicit_margins, judge_trust, paired_gain
+from rlhf.gate.instruments import (
+    fit_context,
+    heldout_summary,
+    implicit_margins,
+    judge_trust,
+    paired_gain,
+    sequence_limit,
+    sequence_logprobs,
+)
 from rlhf.gate.verdict import decided_by, evidence_p, evidence_reasons, judged_by, simes  # noqa: F401 (simes: part of the gate's API)
 from rlhf.models.loading import load_causal_lm, resolve_device
-from rlhf.models.sampling import answer_logprob, sample_answers
+from rlhf.models.sampling import sample_answers
+from rlhf.policy.common import prompt_text_within
 from rlhf.progress import ProgressFn
 from rlhf.reward.criteria_heads import CriteriaScorer
 from rlhf.reward.scoring import load_reward_model, reward_texts, score_texts
@@ -145,20 +154,25 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
                        settings: EvalSettings = EvalSettings(), device: str = "auto",
                        progress: ProgressFn | None = None, heldout_pairs: list[dict] | None = None,
                        judge_dir: str | Path | None = None, judge_info: dict[str, Any] | None = None,
-                       judged_prompts: int | None = None) -> dict[str, Any]:
+                       judged_prompts: int | None = None, max_length: int = 0) -> dict[str, Any]:
     """Compare candidate and parent; returns the evidence, ``passed``, ``verdict`` and ``reasons``.
 
     ``heldout_pairs``: preference pairs (conversational rows) neither model nor ``reward_dir``
     trained on; ``judge_dir``: a reward model trained on them alone (``judge_info``: how it was
     trained, reported with it); ``judged_prompts``: how many of the first ``prompts`` the judge's
     gain is measured on (None: all), the others serving the KL and degeneration checks only.
-    ``reward_dir``: the run's own reward model, whose gain is reported and never decides."""
+    ``reward_dir``: the run's own reward model, whose gain is reported and never decides.
+    ``max_length``: the tokens of prompt + answer the policy trained on (0: the context); the gate
+    samples after, and reads the KL and the held-out pairs within, the same end of each prompt
+    (SmolLM2's whole 3-turn histories took 354 s for 107 pairs)."""
     dev = resolve_device(device)
     candidate, tok = load_causal_lm(candidate_dir, dev)
     parent, _ = load_causal_lm(parent_dir, dev)
     # each conversation once per sample: the sampler reads its rendered text, the scorers the conversation
     histories = [p for p in prompts[: settings.max_prompts] for _ in range(settings.samples_per_prompt)]
-    prompt_texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in histories]
+    limit = sequence_limit(candidate, parent, max_length)
+    prompt_texts = [prompt_text_within(tok, p, max(8, limit - settings.max_new_tokens)) if max_length else
+                    tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in histories]
     if not prompt_texts:
         raise ValueError("no prompts to evaluate on")
     report = progress or (lambda *a: None)
@@ -170,10 +184,12 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
         samples[name] = sample_answers(model, tok, prompt_texts, settings)
         report("evaluate", step + 1, steps)
     texts, p_ids, a_ids = samples["candidate"]
-    kl = sum(answer_logprob(candidate, p, a) - answer_logprob(parent, p, a) for p, a in zip(p_ids, a_ids)) / len(a_ids)
+    sampled = [fit_context(p, a, limit) for p, a in zip(p_ids, a_ids)]
+    kl = sum(c - p for c, p in zip(sequence_logprobs(candidate, sampled, tok.pad_token_id),
+                                   sequence_logprobs(parent, sampled, tok.pad_token_id))) / len(a_ids)
     report("evaluate", 3, steps)
-    heldout = heldout_summary(implicit_margins(candidate, parent, tok, list(heldout_pairs or [])[: settings.max_pairs]),
-                              thresholds.min_margin, thresholds.alpha)
+    margins = implicit_margins(candidate, parent, tok, list(heldout_pairs or [])[: settings.max_pairs], max_length)
+    heldout = heldout_summary(margins, thresholds.min_margin, thresholds.alpha)
     report("evaluate", 4, steps)
     del candidate, parent
     gc.collect()
@@ -225,7 +241,8 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
             # the run's criterion heads (rlhf.reward.criteria_heads): mean score per criterion, predicted flag rate
             "criteria": per_criterion and per_criterion["criteria"],
             "flag_risk": per_criterion and per_criterion.get("flag_risk"),
-            "kl_from_parent": round(kl, 4), "prompts": len(prompt_texts) // settings.samples_per_prompt,
+            "kl_from_parent": round(kl, 4), "max_length": max_length or None,
+            "prompts": len(prompt_texts) // settings.samples_per_prompt,
             "samples": len(prompt_texts), "parent": rnd(parent_summary), "candidate": rnd(cand_summary),
             "thresholds": asdict(thresholds),
             "examples": [{"prompt": prompts[i // settings.samples_per_prompt][-1]["content"],

@@ -41,7 +41,10 @@ LARGE: dict[str, Any] = {
     "algorithm": "iterative_dpo",
     "policy.lora": True,
     "policy.learning_rate": 2e-4,
-    "policy.epochs": 4.0,
+    # 2 passes over the best-over-worst pairs: at most 16 prompts give about 30 pairs, so at most 8 DPO steps
+    # (about 43 s each on 3-turn prompts cut to 384 tokens). 4 passes made 16 steps and a 26-minute cycle; a
+    # cycle of 8 steps (15 pairs) passed the gate on 48 of 48 held-out pairs (benchmarks/RESULTS.md)
+    "policy.epochs": 2.0,
     "policy.batch_size": 8,
     # ...in forward passes of 2 rows: the same update; 8 rows of 384 tokens at once peaked at 17.2 GB
     "policy.micro_batch_size": 2,
@@ -62,6 +65,9 @@ LARGE: dict[str, Any] = {
     "policy.missing_eos_penalty": 0.0,
     "evaluation.max_new_tokens": 128,
     "evaluation.max_prompts": 16,
+    # the held-out pairs' margins are 4 forward passes of up to policy.max_length tokens each: 3-turn chats at
+    # 300 events gave 107 pairs and 354 s at whole length; 48 bound the gate's share of a cycle
+    "evaluation.max_pairs": 48,
 }
 
 # the server's settings (webapp.core.settings names) for a large active model, unless the operator set them

@@ -28,8 +28,7 @@ from typing import Any
 import torch
 
 from rlhf.data.criteria import SAFETY
-from rlhf.models.loading import context_length
-from rlhf.reward.scoring import load_reward_model, reward_texts
+from rlhf.reward.scoring import load_reward_model, reading_length, reward_texts
 
 HEADS_FILE = "criteria_heads.safetensors"
 INFO_FILE = "criteria.json"
@@ -121,7 +120,7 @@ class CriteriaScorer:
         try:
             for i in range(0, len(texts), batch_size):
                 enc = self.tokenizer(texts[i:i + batch_size], return_tensors="pt", padding=True, truncation=True,
-                                     max_length=context_length(self.model), add_special_tokens=False).to(device)
+                                     max_length=reading_length(self.model), add_special_tokens=False).to(device)
                 rows.extend(self.model(**enc).logits.float().tolist())
         finally:
             self.tokenizer.truncation_side = side

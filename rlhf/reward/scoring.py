@@ -4,8 +4,10 @@
 (criterion heads, the gate and its judge, RLOO, iterative DPO, the experiments' metrics) renders
 through it, so what is scored is exactly what the reward model was trained on. The reward is read
 at each text's last token (TRL's convention), so over-long texts lose their start, never their
-end. Training lives in rlhf.reward.training; the criterion heads in rlhf.reward.criteria_heads,
-which scores through these functions.
+end, and no text is read longer than the reward model was trained on (``reading_length``: a
+100 M-parameter model trained on 256-token windows was otherwise read over whole multi-turn
+histories, up to its 8,192 positions: text it never saw). Training lives in rlhf.reward.training;
+the criterion heads in rlhf.reward.criteria_heads, which scores through these functions.
 """
 from __future__ import annotations
 
@@ -17,6 +19,17 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rlhf.data.datasets import to_standard
 from rlhf.models.loading import context_length
+
+# the config key a trained reward model keeps its training length under (rlhf.reward.training saves it)
+TRAINED_LENGTH_KEY = "rlhf_max_length"
+
+
+def reading_length(model: Any) -> int:
+    """The most tokens ``model`` reads of a text: what it was trained on (``TRAINED_LENGTH_KEY``),
+    within its context; a model saved without it (before training wrote it) reads its context."""
+    context = context_length(model)
+    trained = getattr(model.config, TRAINED_LENGTH_KEY, None)
+    return min(context, trained) if isinstance(trained, int) and trained > 0 else context
 
 
 def reward_texts(tokenizer: Any, histories: list[list[dict[str, str]]], answers: list[str]) -> list[str]:
@@ -45,8 +58,8 @@ def load_reward_model(path: str | Path, device: torch.device | str = "cpu") -> t
 
 @torch.no_grad()
 def score_texts(model: Any, tokenizer: Any, texts: list[str], batch_size: int = 32) -> list[float]:
-    """Reward of each full text (prompt + completion ending with EOS). Over-long texts lose
-    their start, never their end (the reward is read at the last token)."""
+    """Reward of each full text (prompt + completion ending with EOS). Texts over the model's
+    ``reading_length`` lose their start, never their end (the reward is read at the last token)."""
     scores: list[float] = []
     device = next(model.parameters()).device
     side = tokenizer.truncation_side
@@ -54,7 +67,7 @@ def score_texts(model: Any, tokenizer: Any, texts: list[str], batch_size: int = 
     try:
         for i in range(0, len(texts), batch_size):
             enc = tokenizer(texts[i:i + batch_size], return_tensors="pt", padding=True, truncation=True,
-                            max_length=context_length(model), add_special_tokens=False).to(device)
+                            max_length=reading_length(model), add_special_tokens=False).to(device)
             scores.extend(model(**enc).logits.squeeze(-1).float().tolist())
     finally:
         tokenizer.truncation_side = side

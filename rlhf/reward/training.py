@@ -37,7 +37,7 @@ from rlhf.reward.criteria_heads import (
     fit_calibration,
     set_scalar_head,
 )
-from rlhf.reward.scoring import pairwise_accuracy, reward_texts
+from rlhf.reward.scoring import TRAINED_LENGTH_KEY, pairwise_accuracy, reward_texts
 from rlhf.settings import CriteriaSettings, RewardSettings
 from rlhf.training import distributed
 from rlhf.training.trl_utils import (
@@ -247,6 +247,8 @@ def train_reward_model(policy_dir: str | Path, train_pairs: list[dict], eval_pai
     train_rows = [to_standard(r, tokenizer) for r in train_pairs]
     eval_rows = [to_standard(r, tokenizer) for r in eval_pairs]
     max_length = min(settings.max_length, context_length(model))
+    # saved with the model: every scorer reads a text as the model was trained on it (scoring.reading_length)
+    setattr(model.config, TRAINED_LENGTH_KEY, max_length)
     rated = list(rated_rows or [])
     weights = normalized_weights(list(train_pairs) + rated + crit_train)
     data = tokenized_pairs(tokenizer, train_rows, max_length, weights and weights[:len(train_rows)])

@@ -1,7 +1,8 @@
 """What each scheduled job does when it fires (webapp.training.scheduler decides when).
 
 * retrain: start ``rl-train`` in a child process when enough new feedback arrived; it skips while a
-  training run holds the training lock, waits out housekeeping's brief hold, and says which it was;
+  training run holds the training lock (and, unless RLHF_RETRAIN_DURING_EXPERIMENT, while an
+  experiment runs), waits out housekeeping's brief hold, and says which it was;
 * experiment_monitor: start an experiment for a new candidate; conclude a running one by the
   promotion policy;
 * housekeeping: mark runs of dead processes failed, delete temporary model directories, prune old
@@ -102,6 +103,11 @@ def retrain_tick() -> dict[str, Any]:
     if events < needed:
         return {"action": "skip", "reason": f"{events} of {needed} new feedback events since the last run",
                 "new_events": events, "needed": needed}
+    exp = running_experiment()
+    if exp is not None and not current_app.config["RLHF_RETRAIN_DURING_EXPERIMENT"]:
+        # the next candidate grows from the experiment's winner, and training would slow the answers it measures
+        return {"action": "skip", "reason": f"experiment {exp.key} is running: the next run waits for its verdict "
+                f"({events} new feedback events)", "new_events": events, "needed": needed, "experiment": exp.key}
     run_id, proc = spawn_training(trigger="schedule", min_feedback=0)
     _CHILDREN.append(proc)
     log.info("retrain: %s new feedback events, started rl-train run #%s (pid %s)", events, run_id, proc.pid)

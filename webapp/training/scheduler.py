@@ -4,8 +4,10 @@
                         RLHF_RETRAIN_MIN_FEEDBACK new feedback events arrived since the last
                         successful run, start ``rl-train`` in a child process (the web server
                         keeps answering; the run's flock keeps it to one run at a time, across
-                        processes). It skips while a training run holds that lock, but waits a few
-                        seconds for housekeeping's brief hold of it, and says which it was;
+                        processes). It skips while a training run holds that lock, and while an
+                        experiment runs (RLHF_RETRAIN_DURING_EXPERIMENT=0: the next candidate grows
+                        from the winner), but waits a few seconds for housekeeping's brief hold of
+                        the lock, and says which it was;
 * experiment_monitor -- every RLHF_MONITOR_INTERVAL_SECONDS: start an experiment for a new
                         candidate; conclude a running one by the promotion policy;
 * housekeeping       -- every RLHF_HOUSEKEEPING_INTERVAL_SECONDS: mark runs of dead processes

@@ -203,3 +203,22 @@ def test_the_judge_scores_only_its_own_questions_and_a_repeated_question_counts_
     assert summarized == [7 * spp, 7 * spp]  # parent and candidate: each distinct question once
     shown = [e["prompt"] for e in result["examples"]]
     assert len(shown) == 6 and len(set(shown)) == 6
+
+
+def test_the_gate_reads_what_the_policy_trained_on(micro_model_dir, reward_dir, dpo_candidate):
+    """With the policy's max_length, every instrument reads the end of each prompt that fits it, as DPO
+    trained (keep_end): the held-out margins are those of the cut sequences, the sampled prompts fit."""
+    candidate, tok = load_causal_lm(dpo_candidate, "cpu")
+    parent, _ = load_causal_lm(micro_model_dir, "cpu")
+    history = [{"role": "user", "content": "How do I cook pasta?"}, {"role": "assistant", "content": "Boil it. " * 6},
+               {"role": "user", "content": "How do I cook rice?"}]
+    pairs = [{**row, "prompt": history[:-1] + row["prompt"]} for row in clean_pairs(10, 7)]
+    seqs = pair_sequences(tok, pairs, 48)
+    assert all(len(p) + len(a) <= 48 for p, a in seqs) and max(len(p) for p, _ in pair_sequences(tok, pairs, 128)) > 48
+    cut = implicit_margins(candidate, parent, tok, pairs, 48)
+    c, p = (sequence_logprobs(model, seqs, tok.pad_token_id) for model in (candidate, parent))
+    assert cut == pytest.approx([(c[2 * i] - p[2 * i]) - (c[2 * i + 1] - p[2 * i + 1]) for i in range(10)], abs=1e-4)
+    assert cut != pytest.approx(implicit_margins(candidate, parent, tok, pairs), abs=1e-3)
+    result = evaluate_candidate(dpo_candidate, micro_model_dir, reward_dir[0], [history] * 4, device="cpu",
+                                settings=EvalSettings(max_new_tokens=16), heldout_pairs=pairs, max_length=48)
+    assert result["max_length"] == 48 and result["heldout"]["pairs"] == 10 and result["samples"] == 8

@@ -37,3 +37,20 @@ def test_reward_model_learns_from_rated_pairs_across_questions_alone(micro_model
     assert metrics["heldout_accuracy"] >= 0.8  # same-question held-out pairs it never saw
 
 
+
+
+def test_a_reward_model_reads_texts_as_long_as_it_was_trained_on(micro_model_dir, tmp_path):
+    """Trained on 48-token windows, it scores a longer text as it was trained: by its last 48 tokens
+    (the saved length, not the model's 128 positions), wherever it is read (gate, trainers, metrics)."""
+    from rlhf.reward.scoring import reading_length
+
+    train_reward_model(micro_model_dir, clean_pairs(16, 0), [], tmp_path / "rm",
+                       RewardSettings(max_length=48, max_steps=2), device="cpu")
+    model, tok = load_reward_model(tmp_path / "rm")
+    assert reading_length(model) == 48
+    text = "User: How do I cook rice? " * 3 + "\nAssistant: Sure! Rinse the rice. Hope that helps!<|endoftext|>"
+    ids = tok(text, add_special_tokens=False)["input_ids"][-100:]
+    text = tok.decode(ids)
+    assert 48 < len(ids) <= 128
+    whole, window, other = score_texts(model, tok, [text, tok.decode(ids[-48:]), tok.decode(ids[-60:])])
+    assert whole == pytest.approx(window, abs=1e-5) and other == pytest.approx(window, abs=1e-5)

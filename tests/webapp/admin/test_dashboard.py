@@ -419,6 +419,7 @@ def test_run_page_shows_what_judged_the_candidate_and_labels_the_optimized_again
     row = {"mean_reward": 0.1, "empty_rate": 0.0, "repetition": 0.0, "distinct2": 0.6, "mean_words": 20.0}
     evaluation = {
         "passed": True, "verdict": "passed", "reasons": [], "reward_gain": 0.912, "kl_from_parent": 1.5,
+        "max_length": 384,
         "judged_by": ["held-out preferences: implicit reward margin vs the parent on 14 pairs (sign test, alpha 0.05)",
                       "judge reward model trained on 14 held-out pairs (gain > 0.0)",
                       "KL from the parent and degeneration checks"],
@@ -455,6 +456,7 @@ def test_run_page_shows_what_judged_the_candidate_and_labels_the_optimized_again
     assert re.search(r'data-evidence="combined">.*?<td>p = 0.0008 \(must be below 0.05\)</td>', evidence)
     optimized = html.split('data-testid="optimized-gain">')[1].split("</p>")[0]
     assert "optimized against 0.912 (reported only: it never decides)" in optimized
+    assert "read as the policy trained: the end of each prompt within 384 tokens of prompt + answer" in optimized
     html = admin.get(f"/admin/runs/{ids[1]}").get_data(as_text=True)
     verdict = html.split('data-testid="gate-verdict">')[1].split("</p>")[0]
     assert ("<b>not enough evidence</b>" in verdict

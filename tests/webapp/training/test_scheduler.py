@@ -187,6 +187,45 @@ def test_retrain_only_past_the_threshold_and_never_twice(instance, micro_model_d
         assert after["action"] == "skip" and after["reason"].startswith("0 of 40 new feedback events")
 
 
+def test_retrain_waits_for_a_running_experiments_verdict(instance, micro_model_dir):
+    from webapp.experiments.lifecycle import conclude_experiment, create_experiment
+
+    app = make_app(instance, RLHF_RETRAIN_MIN_FEEDBACK=10)
+    candidate = register_model(app, micro_model_dir, name="v2-candidate", status="candidate")
+    seed_feedback(app, 8, seed=1)
+    with app.app_context():
+        active = db.session.scalars(db.select(ModelVersion).filter_by(status="active")).one()
+        create_experiment("exp-wait", active.id, candidate, actor="test")
+        waiting = jobs.retrain_tick()
+        assert waiting["action"] == "skip" and waiting["experiment"] == "exp-wait"
+        assert waiting["reason"] == (f"experiment exp-wait is running: the next run waits for its verdict "
+                                     f"({waiting['new_events']} new feedback events)")
+        assert db.session.scalars(db.select(TrainingRun)).all() == []
+        # the verdict in, the next run starts on the feedback that waited (the experiment's included)
+        conclude_experiment("exp-wait", "keep_control", {}, actor="test")
+        started = jobs.retrain_tick()
+        assert started["action"] == "train" and started["new_events"] == waiting["new_events"]
+    wait_children()
+    with app.app_context():
+        assert db.session.get(TrainingRun, started["run_id"]).status == "succeeded"
+
+
+def test_retrain_during_an_experiment_when_the_operator_allows_it(instance, micro_model_dir):
+    from webapp.experiments.lifecycle import create_experiment
+
+    app = make_app(instance, RLHF_RETRAIN_MIN_FEEDBACK=10, RLHF_RETRAIN_DURING_EXPERIMENT=True)
+    candidate = register_model(app, micro_model_dir, name="v2-candidate", status="candidate")
+    seed_feedback(app, 8, seed=1)
+    with app.app_context():
+        active = db.session.scalars(db.select(ModelVersion).filter_by(status="active")).one()
+        create_experiment("exp-on", active.id, candidate, actor="test")
+        started = jobs.retrain_tick()
+        assert started["action"] == "train" and started["new_events"] >= 10
+    wait_children()
+    with app.app_context():
+        assert db.session.get(TrainingRun, started["run_id"]).status == "succeeded"
+
+
 # another process holding the training lock as webapp.core.locks records a holder (released
 # when its stdin closes)
 HOLD_LOCK = ("import sys; from pathlib import Path; from webapp.core import locks;"

@@ -147,6 +147,11 @@ class Settings:
     retrain_min_feedback: int = setting(50, "new feedback events a scheduled retrain needs (when not set: 150 while "
                                         "the active model has 50 M parameters or more, whose cycle takes minutes)",
                                         "Scheduler", low=0)
+    retrain_during_experiment: bool = setting(False, "the retrain job also starts runs while an experiment is "
+                                              "running. Off: it waits for the verdict (at most "
+                                              "`RLHF_EXPERIMENT_MAX_HOURS`), so that the next candidate grows from "
+                                              "the winner, the experiment's answers are not slowed by training, and "
+                                              "its own ratings count towards the next run", "Scheduler")
     train_threads: int = setting(1, "torch threads of `rl-train` (0: torch's default, all cores). One by default: on "
                                  "a small machine shared with the web server, torch's threads spin-wait for each "
                                  "other under load (when not set: 0 while the active model has 50 M parameters or "
