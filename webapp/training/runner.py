@@ -183,6 +183,9 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
             raise RunRefused(f"not enough feedback yet: {events} feedback events, need at least {min_feedback}")
         settings, size_notes = _sized_to_parent(settings, parent.location, algorithm=explicit_algorithm, lora=lora)
         algorithm = settings.algorithm
+        # the run starts where its data does: feedback that arrives while the data stage runs (a minute on a
+        # large model's multi-turn chats) is not in this run, so it must count as new for the next one
+        data_read_at = utcnow()
         records = feedback_records()
         try:
             # the data stage, once, before any run exists (NotEnoughData refuses the run): every rater's
@@ -199,7 +202,8 @@ def _run_training(trigger: str, algorithm: str | None, min_feedback: int | None,
             db.session.add(run)
         run.status, run.stage, run.progress = "running", "data", 0.0
         run.algorithm = algorithm  # a queued row named the configured one; the parent's size may pick another
-        run.pid, run.hostname, run.started_at, run.heartbeat_at = os.getpid(), socket.gethostname(), utcnow(), utcnow()
+        run.pid, run.hostname, run.heartbeat_at = os.getpid(), socket.gethostname(), utcnow()
+        run.started_at = data_read_at
         run.feedback_counts = {"events": events, **bundle.counts}
         run.config = {**settings.to_dict(), "limits": limits, "processes": distributed.world_size()}
         db.session.commit()

@@ -301,6 +301,43 @@ def test_the_data_stage_runs_once_and_its_outcome_is_handed_on(instance, micro_m
             json.loads(json.dumps(prepared.bundle.counts))
 
 
+def test_feedback_given_during_the_data_stage_counts_for_the_next_run(instance, micro_model_dir, monkeypatch):
+    """Feedback that arrives after a run read its data is not in that run: the scheduler must count it
+    as new for the next one (a run's start is when it read its data, not when its data stage ended)."""
+    import shutil
+
+    import rlhf.cycle
+    import webapp.training.runner
+    from rlhf.cycle import CycleResult
+    from webapp.training import jobs
+    from webapp.training.records import feedback_event_count
+
+    app = make_app(instance)
+    seed_feedback(app, 40)
+    during = []
+    build = rlhf.cycle.build_datasets
+
+    def build_while_users_rate(*a, **k):  # the records are read: more feedback arrives meanwhile
+        during.append(seed_feedback(app, 5, seed=9, vote_rate=0))  # (the factory writes no vote time)
+        return build(*a, **k)
+
+    def run_prepared(prepared, parent_path, reward_dir, policy_dir, progress=None, log=None, logs=None):
+        shutil.copytree(micro_model_dir, reward_dir)  # no training: the parent stands in for the models
+        shutil.copytree(micro_model_dir, policy_dir)
+        return CycleResult(counts=prepared.bundle.counts, reward={}, policy={}, timings={},
+                           evaluation={"passed": False, "reasons": ["not judged"]})
+
+    monkeypatch.setattr(rlhf.cycle, "build_datasets", build_while_users_rate)
+    monkeypatch.setattr(webapp.training.runner, "run_prepared", run_prepared)
+    result = cli("rl-train", "--min-feedback", "10")
+    assert result.exit_code in (0, 3), result.output
+    with app.app_context():
+        run = db.session.scalars(db.select(TrainingRun)).one()
+        assert run.status == "succeeded" and during[0] > 0
+        assert run.feedback_counts["events"] + during[0] == feedback_event_count()
+        assert jobs.new_feedback_events() == during[0]
+
+
 @pytest.mark.parametrize("args,algorithm", [([], "iterative_dpo"), (["--algorithm", "ppo"], "ppo")])
 def test_a_large_parent_trains_with_the_large_model_settings_except_the_operators(instance, monkeypatch, args,
                                                                                    algorithm):
