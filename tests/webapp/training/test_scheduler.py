@@ -187,15 +187,23 @@ def test_retrain_only_past_the_threshold_and_never_twice(instance, micro_model_d
         assert after["action"] == "skip" and after["reason"].startswith("0 of 40 new feedback events")
 
 
-def test_retrain_waits_for_a_running_experiments_verdict(instance, micro_model_dir):
-    from webapp.experiments.lifecycle import conclude_experiment, create_experiment
+def running_experiment_with_feedback(app, model_dir, key: str) -> None:
+    """A candidate in a running experiment ``key`` against the active version, and 8 rated chats."""
+    from webapp.experiments.lifecycle import create_experiment
 
-    app = make_app(instance, RLHF_RETRAIN_MIN_FEEDBACK=10)
-    candidate = register_model(app, micro_model_dir, name="v2-candidate", status="candidate")
+    candidate = register_model(app, model_dir, name="v2-candidate", status="candidate")
     seed_feedback(app, 8, seed=1)
     with app.app_context():
         active = db.session.scalars(db.select(ModelVersion).filter_by(status="active")).one()
-        create_experiment("exp-wait", active.id, candidate, actor="test")
+        create_experiment(key, active.id, candidate, actor="test")
+
+
+def test_retrain_waits_for_a_running_experiments_verdict(instance, micro_model_dir):
+    from webapp.experiments.lifecycle import conclude_experiment
+
+    app = make_app(instance, RLHF_RETRAIN_MIN_FEEDBACK=10)
+    running_experiment_with_feedback(app, micro_model_dir, "exp-wait")
+    with app.app_context():
         waiting = jobs.retrain_tick()
         assert waiting["action"] == "skip" and waiting["experiment"] == "exp-wait"
         assert waiting["reason"] == (f"experiment exp-wait is running: the next run waits for its verdict "
@@ -211,14 +219,9 @@ def test_retrain_waits_for_a_running_experiments_verdict(instance, micro_model_d
 
 
 def test_retrain_during_an_experiment_when_the_operator_allows_it(instance, micro_model_dir):
-    from webapp.experiments.lifecycle import create_experiment
-
     app = make_app(instance, RLHF_RETRAIN_MIN_FEEDBACK=10, RLHF_RETRAIN_DURING_EXPERIMENT=True)
-    candidate = register_model(app, micro_model_dir, name="v2-candidate", status="candidate")
-    seed_feedback(app, 8, seed=1)
+    running_experiment_with_feedback(app, micro_model_dir, "exp-on")
     with app.app_context():
-        active = db.session.scalars(db.select(ModelVersion).filter_by(status="active")).one()
-        create_experiment("exp-on", active.id, candidate, actor="test")
         started = jobs.retrain_tick()
         assert started["action"] == "train" and started["new_events"] >= 10
     wait_children()
