@@ -67,6 +67,10 @@ LARGE: dict[str, Any] = {
     "policy.missing_eos_penalty": 0.0,
     "evaluation.max_new_tokens": 128,
     "evaluation.max_prompts": 16,
+    # one answer per held-out prompt: with no judge (above) the samples serve only the KL, degeneration and
+    # reported reward checks, and 2 x 32 answers of 128 tokens, their KL and their scoring took about 130 of
+    # the gate's 256 s on SmolLM2 (benchmarks/RESULTS.md)
+    "evaluation.samples_per_prompt": 1,
     # the held-out pairs' margins are 4 forward passes of up to policy.max_length tokens each: 3-turn chats at
     # 300 events gave 107 pairs and 354 s at whole length; 48 bound the gate's share of a cycle
     "evaluation.max_pairs": 48,
