@@ -38,11 +38,10 @@ from rlhf.gate.instruments import (
     implicit_margins,
     judge_trust,
     paired_gain,
-    sequence_limit,
     sequence_logprobs,
 )
 from rlhf.gate.verdict import decided_by, evidence_p, evidence_reasons, judged_by, simes  # noqa: F401 (simes: part of the gate's API)
-from rlhf.models.loading import load_causal_lm, resolve_device
+from rlhf.models.loading import length_within, load_causal_lm, resolve_device
 from rlhf.models.sampling import sample_answers
 from rlhf.policy.common import prompt_text_within
 from rlhf.progress import ProgressFn
@@ -170,7 +169,7 @@ def evaluate_candidate(candidate_dir: str | Path, parent_dir: str | Path, reward
     parent, _ = load_causal_lm(parent_dir, dev)
     # each conversation once per sample: the sampler reads its rendered text, the scorers the conversation
     histories = [p for p in prompts[: settings.max_prompts] for _ in range(settings.samples_per_prompt)]
-    limit = sequence_limit(candidate, parent, max_length)
+    limit = length_within(max_length, candidate, parent)
     prompt_texts = [prompt_text_within(tok, p, max(8, limit - settings.max_new_tokens)) if max_length else
                     tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in histories]
     if not prompt_texts:

@@ -16,7 +16,7 @@ import torch
 from scipy.stats import binomtest, ttest_1samp, wilcoxon
 
 from rlhf.data.datasets import to_standard
-from rlhf.models.loading import context_length
+from rlhf.models.loading import length_within
 
 # Implicit margins this close to zero (nats) are ties: the candidate does not separate the pair
 # from the parent (a copy of the parent gives exactly 0; float noise on a GPU stays far below).
@@ -79,20 +79,14 @@ def sequence_logprobs(model: Any, items: list[tuple[list[int], list[int]]], pad_
     return sums
 
 
-def sequence_limit(candidate: Any, parent: Any, max_length: int = 0) -> int:
-    """The most tokens of prompt + answer the gate reads: both models' context, and ``max_length``
-    (the policy's training length, rlhf.settings.PolicySettings.max_length; 0: no limit) within it."""
-    context = min(context_length(candidate), context_length(parent))
-    return min(context, max_length) if max_length else context
-
-
 def implicit_margins(candidate: Any, parent: Any, tok: Any, pairs: list[dict], max_length: int = 0) -> list[float]:
     """Per pair, the candidate's implicit reward margin with the parent as reference:
     ``[log pi_c(chosen) - log pi_p(chosen)] - [log pi_c(rejected) - log pi_p(rejected)]``, each answer
-    read after the end of its prompt that fits ``max_length`` (``sequence_limit``), as DPO trained on it."""
+    read after the end of its prompt that fits ``max_length`` (rlhf.models.loading.length_within), as DPO
+    trained on it."""
     if not pairs:
         return []
-    seqs = pair_sequences(tok, pairs, sequence_limit(candidate, parent, max_length))
+    seqs = pair_sequences(tok, pairs, length_within(max_length, candidate, parent))
     cand = sequence_logprobs(candidate, seqs, tok.pad_token_id)
     par = sequence_logprobs(parent, seqs, tok.pad_token_id)
     return [(cand[2 * i] - par[2 * i]) - (cand[2 * i + 1] - par[2 * i + 1]) for i in range(len(pairs))]

@@ -206,6 +206,14 @@ def context_length(model: Any, default: int = 1024) -> int:
     return default
 
 
+def length_within(max_length: int, *models: Any) -> int:
+    """The most tokens of prompt + answer to read: ``max_length`` (0: no limit) within the context of
+    every one of ``models``. The policy trains at this length and the gate reads at it, so both cut the
+    same start of a long history (rlhf.settings.PolicySettings.max_length)."""
+    context = min(context_length(m) for m in models)
+    return min(context, max_length) if max_length else context
+
+
 def answer_length(model: Any, wanted: int, prompt_floor: int = 8) -> int:
     """At most ``wanted`` new tokens, leaving at least ``prompt_floor`` positions for the prompt: a
     length setting of a large model applied to a small context must not run past its positions."""

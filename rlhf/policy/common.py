@@ -14,7 +14,6 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlhf.models.loading import context_length
 from rlhf.progress import ProgressFn
 from rlhf.settings import PolicySettings
 from rlhf.training import distributed
@@ -73,12 +72,6 @@ def common_args(dev: torch.device, settings: PolicySettings, scratch: str, logs:
                 gradient_checkpointing=False,
                 disable_tqdm=True, logging_steps=1, seed=settings.seed, data_seed=settings.seed,
                 use_cpu=dev.type == "cpu", dataloader_num_workers=0, **training_precision(dev))
-
-
-def sequence_limit(policy: Any, settings: PolicySettings) -> int:
-    """The most tokens of prompt + answer ``policy`` trains on: ``settings.max_length``, within its context."""
-    context = context_length(policy)
-    return min(context, settings.max_length) if settings.max_length else context
 
 
 def load_policy(policy_dir: str | Path) -> tuple[Any, Any]:

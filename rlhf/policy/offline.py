@@ -20,7 +20,7 @@ from datasets import Dataset
 from transformers import AutoModelForSequenceClassification
 
 from rlhf.data.datasets import to_standard
-from rlhf.models.loading import answer_length, context_length, resolve_device
+from rlhf.models.loading import answer_length, context_length, length_within, resolve_device
 from rlhf.policy.common import (
     callbacks,
     common_args,
@@ -29,7 +29,6 @@ from rlhf.policy.common import (
     lora_config,
     prompt_text_within,
     save_policy,
-    sequence_limit,
 )
 from rlhf.progress import ProgressFn
 from rlhf.reward.scoring import reward_texts, score_texts
@@ -53,11 +52,12 @@ def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: li
     dataset = Dataset.from_list([{k: r[k] for k in columns} for r in std])
     with tempfile.TemporaryDirectory(prefix=f"{trainer_cls.__name__.lower()}-") as scratch:
         micro = min(settings.micro_batch_size or settings.batch_size, settings.batch_size)
+        keep_end = config.get("truncation_mode") == "keep_end"  # keep_start would cut the answer
         args = config_cls(**common_args(dev, settings, scratch, logs), per_device_train_batch_size=micro,
                           gradient_accumulation_steps=max(1, round(settings.batch_size / micro)),
                           num_train_epochs=settings.epochs, max_steps=settings.max_steps or -1, beta=settings.beta,
-                          max_length=sequence_limit(policy, settings) if config.get("truncation_mode") == "keep_end"
-                          else context_length(policy), **config)  # keep_start would cut the answer
+                          max_length=length_within(settings.max_length, policy) if keep_end
+                          else context_length(policy), **config)
         trainer = trainer_cls(model=policy, ref_model=None if settings.lora else copy.deepcopy(policy), args=args,
                               train_dataset=dataset, processing_class=tokenizer,
                               peft_config=lora_config(policy, settings) if settings.lora else None)
@@ -157,7 +157,7 @@ def train_iterative_dpo(policy_dir: str | Path, reward_dir: str | Path, prompts:
     if settings.max_prompts and len(distinct) > settings.max_prompts:  # the sampling and DPO's steps grow with them
         distinct = random.Random(settings.seed).sample(distinct, settings.max_prompts)
     settings = replace(settings, response_length=answer_length(policy, settings.response_length))
-    max_prompt = max(8, sequence_limit(policy, settings) - settings.response_length)
+    max_prompt = max(8, length_within(settings.max_length, policy) - settings.response_length)
     texts = [prompt_text_within(tokenizer, p, max_prompt) for p in distinct]
     n = settings.samples_per_prompt
     sampling = EvalSettings(max_new_tokens=settings.response_length, temperature=settings.temperature)

@@ -15,8 +15,8 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from rlhf.models.chat_format import end_of_turn_id, end_of_turn_token
-from rlhf.models.loading import answer_length, resolve_device
-from rlhf.policy.common import callbacks, common_args, history, load_policy, lora_config, save_policy, sequence_limit
+from rlhf.models.loading import answer_length, length_within, resolve_device
+from rlhf.policy.common import callbacks, common_args, history, load_policy, lora_config, save_policy
 from rlhf.progress import ProgressFn
 from rlhf.reward.criteria_heads import CostConstraint, cost_weight, safety_calibration
 from rlhf.settings import CriteriaSettings, PolicySettings
@@ -91,7 +91,7 @@ def train_ppo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[list
                                                           criteria.cost_tolerance, safety_calibration(reward_dir))
 
     settings = replace(settings, response_length=answer_length(policy, settings.response_length))
-    max_prompt = max(8, sequence_limit(policy, settings) - settings.response_length)
+    max_prompt = max(8, length_within(settings.max_length, policy) - settings.response_length)
     rows = []
     for p in prompts:
         ids = tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)

@@ -13,7 +13,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForSequenceClassification
 
-from rlhf.models.loading import answer_length, resolve_device
+from rlhf.models.loading import answer_length, length_within, resolve_device
 from rlhf.policy.common import (
     callbacks,
     common_args,
@@ -22,7 +22,6 @@ from rlhf.policy.common import (
     lora_config,
     prompt_text_within,
     save_policy,
-    sequence_limit,
 )
 from rlhf.progress import ProgressFn
 from rlhf.reward.scoring import reward_texts, score_texts
@@ -62,7 +61,7 @@ def train_rloo(policy_dir: str | Path, reward_dir: str | Path, prompts: list[lis
     reward = AutoModelForSequenceClassification.from_pretrained(str(reward_dir), num_labels=1)
     reward.config.pad_token_id = tokenizer.pad_token_id
     settings = replace(settings, response_length=answer_length(policy, settings.response_length))
-    max_prompt = max(8, sequence_limit(policy, settings) - settings.response_length)
+    max_prompt = max(8, length_within(settings.max_length, policy) - settings.response_length)
     texts = [prompt_text_within(tokenizer, p, max_prompt) for p in prompts]
     # the conversation beside its rendered prompt: TRL hands the row's columns to the reward function
     dataset = Dataset.from_list([{"prompt": t, "conversation": json.dumps(p)} for t, p in zip(texts, prompts)])

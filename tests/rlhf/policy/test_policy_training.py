@@ -157,14 +157,14 @@ def test_policy_max_length_cuts_the_prompts_start_and_keeps_the_answer(micro_mod
     """policy.max_length bounds prompt + answer: iterative DPO samples its answers to the end of a
     long multi-turn prompt (the last max_length - response_length tokens), and DPO trains on pairs
     whose prompts alone are longer than the limit (keep_end: the answers are what it learns from)."""
-    from rlhf.policy.common import sequence_limit
+    from rlhf.models.loading import length_within
 
     rm_path, _ = reward_dir
     policy, tok = load_causal_lm(micro_model_dir, "cpu")
     limit = PolicySettings(**{**MICRO_POLICY.__dict__, "max_length": 48, "max_steps": 1, "batch_size": 2,
                               "pairs_per_prompt": 1, "min_pair_gap": 0.0, "samples_per_prompt": 2})
-    assert sequence_limit(policy, limit) == 48
-    assert sequence_limit(policy, PolicySettings(max_length=10**6)) == sequence_limit(policy, PolicySettings())
+    assert length_within(limit.max_length, policy) == 48
+    assert length_within(10**6, policy) == length_within(PolicySettings().max_length, policy)
     history = [{"role": "user", "content": "tell me about tea " * 30}, {"role": "assistant", "content": "tea " * 40}]
     long_prompts = [history + p for p in prompts(2)]
     metrics = train_iterative_dpo(micro_model_dir, rm_path, long_prompts, tmp_path / "idpo", limit, device="cpu")
