@@ -144,6 +144,9 @@ class PolicySettings:
     missing_eos_penalty: float = knob(1.0, "PPO/RLOO: reward subtracted from answers that never end", low=0.0)
     beta: float = knob(0.1, "DPO/KTO: strength of the reference-model constraint", above=0.0)
     epochs: float = knob(2.0, "DPO/KTO: passes over the data", above=0.0)
+    min_steps: int = knob(0, "DPO/KTO: few rows get more whole passes, until at least this many optimisation steps "
+                          "(0: epochs decide). Iterative DPO's pairs vary with how the reward model spreads the "
+                          "sampled answers: 13 pairs on SmolLM2 made 4 steps, a change no user noticed", low=0)
     rloo_generations: int = knob(4, "RLOO: answers sampled per prompt", low=2)
     samples_per_prompt: int = knob(8, "iterative DPO: answers the parent samples per training prompt for the "
                                    "reward model to rank", low=2)

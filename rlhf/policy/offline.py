@@ -21,6 +21,7 @@ from transformers import AutoModelForSequenceClassification
 
 from rlhf.data.datasets import to_standard
 from rlhf.models.loading import answer_length, context_length, length_within, resolve_device
+from rlhf.policy.algorithms.dpo import passes
 from rlhf.policy.common import (
     callbacks,
     common_args,
@@ -52,10 +53,11 @@ def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: li
     dataset = Dataset.from_list([{k: r[k] for k in columns} for r in std])
     with tempfile.TemporaryDirectory(prefix=f"{trainer_cls.__name__.lower()}-") as scratch:
         micro = min(settings.micro_batch_size or settings.batch_size, settings.batch_size)
+        epochs = passes(len(dataset), settings)
         keep_end = config.get("truncation_mode") == "keep_end"  # keep_start would cut the answer
         args = config_cls(**common_args(dev, settings, scratch, logs), per_device_train_batch_size=micro,
                           gradient_accumulation_steps=max(1, round(settings.batch_size / micro)),
-                          num_train_epochs=settings.epochs, max_steps=settings.max_steps or -1, beta=settings.beta,
+                          num_train_epochs=epochs, max_steps=settings.max_steps or -1, beta=settings.beta,
                           max_length=length_within(settings.max_length, policy) if keep_end
                           else context_length(policy), **config)
         trainer = trainer_cls(model=policy, ref_model=None if settings.lora else copy.deepcopy(policy), args=args,

@@ -6,7 +6,7 @@ from typing import Any
 
 from rlhf.data.stage_sizing import DataSize
 from rlhf.policy.algorithms.base import Algorithm, PolicyJob
-from rlhf.policy.algorithms.dpo import DPO_CHARTS
+from rlhf.policy.algorithms.dpo import DPO_CHARTS, offline_units
 from rlhf.settings import PolicySettings
 
 
@@ -20,7 +20,8 @@ class IterativeDPO(Algorithm):
 
     def work_units(self, policy: PolicySettings, size: DataSize) -> float:
         # answers sampled per prompt, then DPO on the pairs
-        return size.policy_prompts * (policy.samples_per_prompt + policy.pairs_per_prompt * policy.epochs)
+        prompts = min(size.policy_prompts, policy.max_prompts or size.policy_prompts)
+        return prompts * policy.samples_per_prompt + offline_units(prompts * policy.pairs_per_prompt, policy)
 
     def train(self, job: PolicyJob) -> dict[str, Any]:
         from rlhf.policy.offline import train_iterative_dpo

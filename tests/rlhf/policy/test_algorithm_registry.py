@@ -84,6 +84,9 @@ def test_work_units_follow_what_each_algorithm_trains_on():
     assert algorithm("ppo").work_units(replace(p, max_steps=2, batch_size=16), data) == 32
     assert algorithm("dpo").work_units(p, data) == 60 and algorithm("kto").work_units(p, data) == 20
     assert algorithm("iterative_dpo").work_units(p, data) == 10 * (8 + 2 * 2.0)
+    # at least min_steps steps: 30 pairs in batches of 16 are 2 steps a pass, so 5 steps take 3 passes
+    assert algorithm("dpo").work_units(replace(p, min_steps=5, batch_size=16), data) == 30 * 3
+    assert algorithm("dpo").work_units(replace(p, min_steps=4, batch_size=16), data) == 30 * 2.0
 
 
 class Recording(Algorithm):

@@ -116,6 +116,10 @@ def test_iterative_dpo_trains_on_fewer_pairs_than_a_batch_with_the_default_mini_
     capped = PolicySettings(**{**settings.__dict__, "max_prompts": 2})
     metrics = train_iterative_dpo(micro_model_dir, rm_path, prompts(5), tmp_path / "capped", capped, device="cpu")
     assert metrics["sampled"]["prompts"] == 2 and metrics["sampled"]["answers"] == 2 * capped.samples_per_prompt
+    # policy.min_steps: 3 pairs make one batch, so 2 passes would be 2 steps; whole passes until at least 5
+    few = PolicySettings(**{**settings.__dict__, "max_steps": None, "epochs": 2.0, "min_steps": 5})
+    metrics = train_iterative_dpo(micro_model_dir, rm_path, prompts(3), tmp_path / "few", few, device="cpu")
+    assert metrics["pairs"] == 3 and metrics["steps"] == 5
 
 
 def test_reward_ranked_pairs_take_best_over_worst_where_the_reward_model_separates_them():
