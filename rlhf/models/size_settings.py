@@ -41,7 +41,8 @@ LARGE: dict[str, Any] = {
     "algorithm": "iterative_dpo",
     "policy.lora": True,
     # 2 passes over the best-over-worst pairs: at most 16 prompts give about 30 pairs, so at most 8 DPO steps
-    # (about 43 s each on 3-turn prompts cut to 384 tokens). 4 passes at 2e-4 made 16 steps and a 26-minute
+    # (on 3-turn prompts cut to 384 tokens, 8 steps took about 90 s of a 576-s policy stage, the sampling most of
+    # the rest). 4 passes at 2e-4 made 16 steps and a 26-minute
     # cycle; 2 passes at 2e-4 moved a first cycle's policy 15.6 % -> 43.8 % by ground truth but only 1.7 nats on
     # 19 held-out pairs, too little for the gate. 2 passes at twice the rate keep the update's size (5e-4 at 4
     # passes went too far: KL 23, 2 of 14 factual answers lost) (benchmarks/RESULTS.md)
@@ -72,8 +73,7 @@ LARGE: dict[str, Any] = {
     "evaluation.max_new_tokens": 128,
     "evaluation.max_prompts": 16,
     # one answer per held-out prompt: with no judge (above) the samples serve only the KL, degeneration and
-    # reported reward checks, and 2 x 32 answers of 128 tokens, their KL and their scoring took about 130 of
-    # the gate's 256 s on SmolLM2 (benchmarks/RESULTS.md)
+    # reported reward checks; on SmolLM2's 3-turn chats the gate took 183-193 s instead of 256 (benchmarks/RESULTS.md)
     "evaluation.samples_per_prompt": 1,
     # the held-out pairs' margins are 4 forward passes of up to policy.max_length tokens each: 3-turn chats at
     # 300 events gave 107 pairs and 354 s at whole length; 48 bound the gate's share of a cycle
