@@ -170,6 +170,13 @@ class PolicySettings:
         check_fields(self)
         return self
 
+    def passes(self, rows: int) -> float:
+        """DPO/KTO's passes over ``rows`` rows: ``epochs``, or more whole passes until ``min_steps``
+        optimisation steps of ``batch_size`` rows."""
+        if not self.min_steps:
+            return self.epochs
+        return max(self.epochs, math.ceil(self.min_steps / max(1, math.ceil(rows / self.batch_size))))
+
 
 @dataclass(frozen=True)
 class GateThresholds:

@@ -21,7 +21,6 @@ from transformers import AutoModelForSequenceClassification
 
 from rlhf.data.datasets import to_standard
 from rlhf.models.loading import answer_length, context_length, length_within, resolve_device
-from rlhf.policy.algorithms.dpo import passes
 from rlhf.policy.common import (
     callbacks,
     common_args,
@@ -53,7 +52,7 @@ def _offline(trainer_cls: Any, config_cls: Any, policy_dir: str | Path, rows: li
     dataset = Dataset.from_list([{k: r[k] for k in columns} for r in std])
     with tempfile.TemporaryDirectory(prefix=f"{trainer_cls.__name__.lower()}-") as scratch:
         micro = min(settings.micro_batch_size or settings.batch_size, settings.batch_size)
-        epochs = passes(len(dataset), settings)
+        epochs = settings.passes(len(dataset))
         keep_end = config.get("truncation_mode") == "keep_end"  # keep_start would cut the answer
         args = config_cls(**common_args(dev, settings, scratch, logs), per_device_train_batch_size=micro,
                           gradient_accumulation_steps=max(1, round(settings.batch_size / micro)),

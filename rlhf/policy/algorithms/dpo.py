@@ -1,7 +1,6 @@
 """DPO on the preference pairs the reward model sees (TRL's DPOTrainer: rlhf.policy.offline)."""
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
@@ -18,16 +17,8 @@ DPO_CHARTS = (
 )
 
 
-def passes(rows: int, policy: PolicySettings) -> float:
-    """DPO/KTO's passes over ``rows`` rows: ``policy.epochs``, or more whole passes until
-    ``policy.min_steps`` optimisation steps of ``policy.batch_size`` rows."""
-    if not policy.min_steps:
-        return policy.epochs
-    return max(policy.epochs, math.ceil(policy.min_steps / max(1, math.ceil(rows / policy.batch_size))))
-
-
 def offline_units(rows: int, policy: PolicySettings) -> float:
-    return rows * passes(rows, policy)
+    return rows * policy.passes(rows)
 
 
 class DPO(Algorithm):
