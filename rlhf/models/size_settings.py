@@ -50,7 +50,7 @@ LARGE: dict[str, Any] = {
     "policy.epochs": 2.0,
     # ...and at least 8 steps, whatever the pairs: the pairs are those whose sampled answers the reward model set
     # apart, 25 in one loop (8 steps: KL 2.76, thumbs up 32 % -> 46 % in the A/B) and 13 in the next (4 steps:
-    # KL 0.41, 33 % -> 35 % after 200 ratings, no verdict) (benchmarks/RESULTS.md)
+    # KL 0.41, thumbs up 36 % -> 35 % at 160 users per arm, no verdict) (benchmarks/RESULTS.md)
     "policy.min_steps": 8,
     "policy.batch_size": 8,
     # ...in forward passes of 2 rows: the same update; 8 rows of 384 tokens at once peaked at 17.2 GB
