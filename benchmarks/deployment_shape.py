@@ -54,6 +54,7 @@ from tests.support.live_server import LiveServer  # noqa: E402
 from webapp.core.extensions import db  # noqa: E402
 from webapp.core.instance_paths import resolve  # noqa: E402
 from webapp.core.models import ModelVersion, TrainingRun  # noqa: E402
+from webapp.core.settings.fields import Settings  # noqa: E402
 from webapp.experiments import sample_stats  # noqa: E402
 
 MAX_EVENTS = 200  # the feedback budget of a small deployment's first days
@@ -82,8 +83,10 @@ def _answers(model_dir: str, questions: list[str], each: int, seed: int) -> dict
     texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
              for q in questions for _ in range(each)]
     torch.manual_seed(seed)
-    # as long as the answers users get (the server's limit), at the gate's temperature
-    out = sampling.sample_answers(model, tok, texts, EvalSettings(max_new_tokens=ANSWER_TOKENS))[0]
+    # as users get them: the server's limit, temperature and top_p (server_env sets neither of the last two)
+    served = Settings()
+    out = sampling.sample_answers(model, tok, texts, EvalSettings(
+        max_new_tokens=ANSWER_TOKENS, temperature=served.temperature, top_p=served.top_p))[0]
     return {q: out[i * each:(i + 1) * each] for i, q in enumerate(questions)}
 
 

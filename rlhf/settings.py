@@ -139,7 +139,12 @@ class PolicySettings:
                            "DPO, PPO, RLOO; KTO, which would cut the answer, keeps the context); 0: the model's "
                            "context. A multi-turn chat's history outgrows memory: DPO on SmolLM2 at batch 8 "
                            "with 3-turn prompts ran out of 24 GB", low=0)
-    temperature: float = knob(0.8, "PPO/RLOO: sampling temperature of rollouts", above=0.0, high=5.0)
+    temperature: float = knob(0.8, "sampling temperature of PPO/RLOO's rollouts and of iterative DPO's answers",
+                              above=0.0, high=5.0)
+    top_p: float = knob(0.95, "iterative DPO: nucleus sampling of the parent's answers (PPO/RLOO sample the whole "
+                        "distribution, which their log-probabilities are of). The app uses the server's `top_p` "
+                        "unless this is set: pairs of answers as users get them. SmolLM2's answers were lists "
+                        "15.6 % of the time at 1.0, 39.3 % as served at 0.95", above=0.0, high=1.0)
     kl_coef: float = knob(0.05, "KL penalty coefficient against the reference model", low=0.0)
     missing_eos_penalty: float = knob(1.0, "PPO/RLOO: reward subtracted from answers that never end", low=0.0)
     beta: float = knob(0.1, "DPO/KTO: strength of the reference-model constraint", above=0.0)
@@ -219,7 +224,10 @@ class EvalSettings:
     samples_per_prompt: int = knob(2, "answers sampled per held-out prompt", low=1)
     max_prompts: int = knob(64, "held-out prompts evaluated", low=1)
     max_new_tokens: int = knob(64, "longest evaluated answer, in tokens", low=1)
-    temperature: float = knob(0.8, "sampling temperature of the evaluation", above=0.0, high=5.0)
+    temperature: float = knob(0.8, "sampling temperature of the evaluation (the app uses the server's unless this "
+                              "is set)", above=0.0, high=5.0)
+    top_p: float = knob(0.95, "nucleus sampling of the evaluation (the app uses the server's unless this is set): "
+                        "the gate judges answers as users get them", above=0.0, high=1.0)
     seed: int = knob(1234, "sampling seed (the same for candidate and parent)", low=0)
     min_judged_prompts: int = knob(16, "fewest prompts the judge's gain is tested over. The judge scores only answers "
                                    "to held-out questions (the ones it learned from); with fewer of them, each is "

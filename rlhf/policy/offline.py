@@ -161,7 +161,8 @@ def train_iterative_dpo(policy_dir: str | Path, reward_dir: str | Path, prompts:
     max_prompt = max(8, length_within(settings.max_length, policy) - settings.response_length)
     texts = [prompt_text_within(tokenizer, p, max_prompt) for p in distinct]
     n = settings.samples_per_prompt
-    sampling = EvalSettings(max_new_tokens=settings.response_length, temperature=settings.temperature)
+    sampling = EvalSettings(max_new_tokens=settings.response_length, temperature=settings.temperature,
+                            top_p=settings.top_p)
     report = progress or (lambda *a: None)
     answers: list[str] = []
     chunk = max(1, 64 // n)  # prompts per generate call

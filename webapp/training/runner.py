@@ -51,7 +51,7 @@ def cycle_settings(algorithm: str | None = None, max_steps: int | None = None, l
         raise RunRefused(f"invalid setting: --algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})")
     if max_steps is not None and max_steps < 1:
         raise RunRefused(f"invalid setting: --max-steps must be at least 1 (got {max_steps})")
-    settings = current_settings().training
+    settings = sampled_as_served(current_settings().training)
     policy = settings.policy
     if max_steps is not None:
         policy = replace(policy, max_steps=max_steps)
@@ -65,6 +65,27 @@ def cycle_settings(algorithm: str | None = None, max_steps: int | None = None, l
         return check_settings(settings)
     except ValueError as exc:
         raise RunRefused(f"invalid setting: {exc}") from None
+
+
+def sampled_as_served(settings: CycleSettings) -> CycleSettings:
+    """``settings`` whose gate samples at the server's temperature and ``top_p``, and whose iterative
+    DPO at its ``top_p``, except where the operator set the training value: the loop judges and
+    pairs answers as users get them. (Iterative DPO keeps its own temperature, PPO's: at the
+    quickstart's served 0.2 its samples would rarely differ enough to rank.)"""
+    served = current_settings()
+    sources = current_app.config.get("RLHF_SETTING_SOURCES", {})
+
+    def unset(name: str) -> bool:
+        return f"training.{name}" not in sources
+
+    evaluation, policy = settings.evaluation, settings.policy
+    if unset("evaluation.temperature"):
+        evaluation = replace(evaluation, temperature=served.temperature)
+    if unset("evaluation.top_p"):
+        evaluation = replace(evaluation, top_p=served.top_p)
+    if unset("policy.top_p"):
+        policy = replace(policy, top_p=served.top_p)
+    return replace(settings, evaluation=evaluation, policy=policy)
 
 
 def _sized_to_parent(settings: CycleSettings, parent: str | Path, algorithm: str | None,

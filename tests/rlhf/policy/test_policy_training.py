@@ -120,6 +120,11 @@ def test_iterative_dpo_trains_on_fewer_pairs_than_a_batch_with_the_default_mini_
     few = PolicySettings(**{**settings.__dict__, "max_steps": None, "epochs": 2.0, "min_steps": 5})
     metrics = train_iterative_dpo(micro_model_dir, rm_path, prompts(3), tmp_path / "few", few, device="cpu")
     assert metrics["pairs"] == 3 and metrics["steps"] == 5
+    # policy.top_p reaches the sampler: with a nucleus of almost nothing every answer to a prompt is the
+    # parent's most likely one, and identical answers make no pair however little gap is asked
+    narrow = PolicySettings(**{**settings.__dict__, "top_p": 1e-6})
+    with pytest.raises(ValueError, match="no two differed"):
+        train_iterative_dpo(micro_model_dir, rm_path, prompts(3), tmp_path / "narrow", narrow, device="cpu")
 
 
 def test_reward_ranked_pairs_take_best_over_worst_where_the_reward_model_separates_them():
