@@ -16,6 +16,11 @@ from rlhf.models.chat_format import end_ids, turn_markers
 from rlhf.models.loading import answer_length, context_length
 from rlhf.settings import EvalSettings
 
+# answers generated at once. Each generate call runs until its longest answer ends (a real model's
+# usually runs to the limit), so fewer, larger calls do the same work in fewer steps: SmolLM2 sampled
+# 48 answers of 128 tokens in 0.69x the time at 48 rows as at 16 (benchmarks/generation_batch.py)
+GENERATE_ROWS = 64
+
 
 @torch.no_grad()
 def sample_answers(model: Any, tok: Any, prompts: list[str],
@@ -30,8 +35,8 @@ def sample_answers(model: Any, tok: Any, prompts: list[str],
     budget = context_length(model) - new_tokens
     side, tok.truncation_side = tok.truncation_side, "left"
     try:
-        encoded = [tok(prompts[i:i + 16], return_tensors="pt", padding=True, add_special_tokens=False,
-                       truncation=True, max_length=budget) for i in range(0, len(prompts), 16)]
+        encoded = [tok(prompts[i:i + GENERATE_ROWS], return_tensors="pt", padding=True, add_special_tokens=False,
+                       truncation=True, max_length=budget) for i in range(0, len(prompts), GENERATE_ROWS)]
     finally:
         tok.truncation_side = side
     for enc in encoded:

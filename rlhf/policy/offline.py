@@ -147,7 +147,7 @@ def train_iterative_dpo(policy_dir: str | Path, reward_dir: str | Path, prompts:
     Xiong et al. 2024). The pairs are on-policy (the parent's own answers, so DPO's reference
     likelihoods are meaningful) and as many as the prompts allow, however little feedback trained
     the reward model; the next cycle, whose parent is the promoted policy, is the next round."""
-    from rlhf.models.sampling import sample_answers  # the gate's sampler: stops at the end of a turn as serving does
+    from rlhf.models.sampling import GENERATE_ROWS, sample_answers  # the gate's: stops at a turn's end as serving does
     from rlhf.settings import EvalSettings
 
     settings.validate()
@@ -165,7 +165,7 @@ def train_iterative_dpo(policy_dir: str | Path, reward_dir: str | Path, prompts:
                             top_p=settings.top_p)
     report = progress or (lambda *a: None)
     answers: list[str] = []
-    chunk = max(1, 64 // n)  # prompts per generate call
+    chunk = max(1, GENERATE_ROWS // n)  # prompts per generate call
     torch.manual_seed(settings.seed)
     for i in range(0, len(texts), chunk):
         batch = [t for t in texts[i:i + chunk] for _ in range(n)]
