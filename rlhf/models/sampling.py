@@ -18,7 +18,8 @@ from rlhf.settings import EvalSettings
 
 # answers generated at once. Each generate call runs until its longest answer ends (a real model's
 # usually runs to the limit), so fewer, larger calls do the same work in fewer steps: SmolLM2 sampled
-# 48 answers of 128 tokens in 0.69x the time at 48 rows as at 16 (benchmarks/generation_batch.py)
+# 48 answers of 128 tokens at 64 rows in 0.76x the time at 16 after one-question prompts, 0.94x after
+# 3-turn chats (benchmarks/generation_batch.py, top_p 0.95, 2 threads)
 GENERATE_ROWS = 64
 
 
