@@ -72,20 +72,22 @@ def sampled_as_served(settings: CycleSettings) -> CycleSettings:
     DPO at its ``top_p``, except where the operator set the training value: the loop judges and
     pairs answers as users get them. (Iterative DPO keeps its own temperature, PPO's: at the
     quickstart's served 0.2 its samples would rarely differ enough to rank.)"""
-    served = current_settings()
-    sources = current_app.config.get("RLHF_SETTING_SOURCES", {})
-
-    def unset(name: str) -> bool:
-        return f"training.{name}" not in sources
-
+    served, explicit = current_settings(), operator_set()
     evaluation, policy = settings.evaluation, settings.policy
-    if unset("evaluation.temperature"):
+    if "evaluation.temperature" not in explicit:
         evaluation = replace(evaluation, temperature=served.temperature)
-    if unset("evaluation.top_p"):
+    if "evaluation.top_p" not in explicit:
         evaluation = replace(evaluation, top_p=served.top_p)
-    if unset("policy.top_p"):
+    if "policy.top_p" not in explicit:
         policy = replace(policy, top_p=served.top_p)
     return replace(settings, evaluation=evaluation, policy=policy)
+
+
+def operator_set() -> set[str]:
+    """The training settings the operator set (settings file, environment), as dotted names below
+    ``training.`` (``policy.top_p``): the ones the app never fills in for them."""
+    sources = current_app.config.get("RLHF_SETTING_SOURCES", {})
+    return {name.removeprefix("training.") for name in sources if name.startswith("training.")}
 
 
 def _sized_to_parent(settings: CycleSettings, parent: str | Path, algorithm: str | None,
@@ -93,8 +95,7 @@ def _sized_to_parent(settings: CycleSettings, parent: str | Path, algorithm: str
     """``settings`` for the parent's size (rlhf.models.size_settings: a 100 M-parameter model trains its
     reward model's top blocks and a LoRA policy by iterative DPO), keeping every training setting the
     operator set (settings file, environment, ``rl-train --algorithm/--lora``)."""
-    sources = current_app.config.get("RLHF_SETTING_SOURCES", {})
-    explicit = {name.removeprefix("training.") for name in sources if name.startswith("training.")}
+    explicit = operator_set()
     if algorithm is not None:
         explicit.add("algorithm")
     if lora is not None:
